@@ -1,0 +1,5 @@
+import sys
+
+from wcached.cli import main
+
+sys.exit(main())

@@ -1,0 +1,112 @@
+"""attach(): hello, attach, import the segment fds, build zero-copy views.
+
+The connection stays open for as long as the :class:`Attachment` lives: it is
+the lease the daemon reports in ``wcached status``. The mappings themselves are
+owned by the tensors, so tensors kept after :meth:`Attachment.close` stay valid.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from wcached.client.connection import DaemonConnection, find_socket_dir, socket_path
+from wcached.errors import KeyMismatch, ProtocolError
+from wcached.memory import get_backend
+from wcached.protocol.messages import Attach, Attached, Manifest, Mismatch
+from wcached.protocol.wire import close_fds
+
+if TYPE_CHECKING:
+    import torch
+
+
+class Attachment:
+    def __init__(
+        self,
+        conn: DaemonConnection,
+        manifest: Manifest,
+        tensors: dict[str, torch.Tensor],
+        mapped: Any,
+    ):
+        self.connection = conn
+        self.manifest = manifest
+        self.tensors = tensors
+        self._mapped = mapped
+
+    @property
+    def closed(self) -> bool:
+        return self._mapped is None
+
+    def close(self) -> None:
+        """End the lease; tensors still referenced keep their memory mapped."""
+        if self._mapped is not None:
+            self._mapped.close()
+            self._mapped = None
+            self.connection.close()
+
+    def __enter__(self) -> Attachment:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def attach(
+    model: str = "default",
+    instance: str = "cpu0",
+    *,
+    socket_dir: str | None = None,
+    config: str | None = None,
+    expect: dict[str, str | int] | None = None,
+    timeout: float = 10.0,
+    client: str | None = None,
+) -> Attachment:
+    """Attach read-only to ``model`` held by the daemon of ``instance``.
+
+    ``expect`` holds the cache key fields the caller requires (``dtype``,
+    ``fingerprint``, ``tp_rank``, ``extra.<name>``...); a difference raises
+    :class:`KeyMismatch` naming the fields.
+    """
+    path = socket_path(instance, find_socket_dir(socket_dir, config))
+    conn = DaemonConnection(path, timeout=timeout, client=client)
+    try:
+        reply = conn.request(Attach(model=model, expect=dict(expect or {})))
+        if isinstance(reply, Mismatch):
+            raise KeyMismatch(reply.message, reply.fields)
+        if not isinstance(reply, Attached):
+            raise ProtocolError(f"expected attached, got {type(reply).__name__}")
+        fds = conn.chan.recv_fds(reply.fd_count, timeout=timeout)
+        try:
+            manifest = reply.manifest
+            if len(fds) != len(manifest.segments):
+                raise ProtocolError(f"{len(fds)} fds for {len(manifest.segments)} segments")
+            backends = {s.backend for s in manifest.segments}
+            if len(backends) != 1:
+                raise ProtocolError(f"segments of several backends: {sorted(backends)}")
+            backend = get_backend(backends.pop(), 0)
+            mapped = backend.map_segments(fds, manifest.segments)
+        finally:
+            # Mappings (host) or imported handles (cuda) now hold the memory.
+            close_fds(fds)
+        tensors = build_views(manifest, mapped.tensors)
+        return Attachment(conn, manifest, tensors, mapped)
+    except BaseException:
+        conn.close()
+        raise
+
+
+def build_views(manifest: Manifest, segments: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """One view per manifest entry into the segments' byte tensors (no copy)."""
+    import torch
+
+    views: dict[str, torch.Tensor] = {}
+    for t in manifest.tensors:
+        seg = segments[t.segment]
+        if t.offset + t.nbytes > seg.numel():
+            raise ProtocolError(f"tensor {t.name!r} lies outside segment {t.segment}")
+        dtype = getattr(torch, t.dtype, None)
+        if not isinstance(dtype, torch.dtype):
+            raise ProtocolError(f"tensor {t.name!r}: unknown dtype {t.dtype!r}")
+        raw = seg[t.offset : t.offset + t.nbytes]
+        typed = raw.view(dtype) if t.nbytes else torch.empty(0, dtype=dtype, device=seg.device)
+        views[t.name] = typed.as_strided(t.shape, t.stride) if t.nbytes else typed.reshape(t.shape)
+    return views

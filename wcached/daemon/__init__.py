@@ -1,0 +1,1 @@
+"""The daemon: fill or restore, bind, serve, drain."""

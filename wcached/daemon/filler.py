@@ -1,0 +1,133 @@
+"""Running the loader worker and collecting what it filled."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+
+import msgspec
+
+from wcached.config import InstanceSettings
+from wcached.daemon.state import HeldModel
+from wcached.device import Device
+from wcached.errors import FillError, TimeoutExpired, error_for_code
+from wcached.protocol.messages import (
+    FillDone,
+    FillFailed,
+    FillJob,
+    FillProgress,
+    ModelFilled,
+    WorkerMessage,
+)
+from wcached.protocol.wire import MAX_REPLY_BYTES, Channel, PeerClosed
+
+log = logging.getLogger("wcached.fill")
+
+# How often the daemon wakes while the worker is silent (to ping the watchdog,
+# extend the start timeout and notice SIGTERM).
+POLL_S = 1.0
+
+
+class FillAborted(Exception):
+    """The daemon was asked to stop while filling."""
+
+
+def fill_models(
+    settings: InstanceSettings,
+    device: Device,
+    on_tick: Callable[[str, int, int], None],
+    should_stop: Callable[[], bool],
+) -> dict[str, HeldModel]:
+    """Spawn the worker, hand it the job, and hold the fds it sends back.
+
+    ``on_tick(model, done_bytes, total_bytes)`` is called on progress and at
+    least every :data:`POLL_S` seconds while the worker works.
+    """
+    parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    python = settings.worker_python or sys.executable
+    env = dict(os.environ, WCACHED_LOG_LEVEL=settings.log_level)
+    try:
+        proc = subprocess.Popen(
+            [python, "-m", "wcached.loaders.worker", str(child.fileno())],
+            pass_fds=[child.fileno()],
+            env=env,
+            stdin=subprocess.DEVNULL,
+        )
+    except OSError as e:
+        parent.close()
+        child.close()
+        raise FillError(f"cannot start the loader worker with {python}: {e}") from None
+    child.close()
+    log.info("loader worker pid %d started (%s)", proc.pid, python)
+    held: dict[str, HeldModel] = {}
+    chan = Channel(parent, WorkerMessage)
+    totals = {m.name: 0 for m in settings.models}
+    try:
+        chan.send(
+            FillJob(
+                instance=device.instance_id,
+                backend=device.backend,
+                device_index=device.index,
+                models=[msgspec.to_builtins(m) for m in settings.models],
+            )
+        )
+        current = settings.models[0].name if settings.models else ""
+        done = 0
+        while True:
+            if should_stop():
+                raise FillAborted()
+            try:
+                msg = chan.recv(MAX_REPLY_BYTES, idle_timeout=POLL_S, frame_timeout=60.0)
+            except TimeoutExpired:
+                on_tick(current, done, totals.get(current, 0))
+                continue
+            except (PeerClosed, OSError):
+                raise FillError(_worker_death(proc)) from None
+            if isinstance(msg, FillProgress):
+                current, done = msg.model, msg.done_bytes
+                on_tick(current, done, totals.get(current, 0))
+            elif isinstance(msg, ModelFilled):
+                fds = chan.recv_fds(msg.fd_count, timeout=60.0)
+                m = msg.manifest
+                held[m.model] = HeldModel(m, fds, msg.fill_seconds)
+                log.info(
+                    "filled %s: %d tensors, %.1f MiB in %d segment(s) in %.2f s (%.0f MiB/s)",
+                    m.model,
+                    len(m.tensors),
+                    m.total_bytes / 2**20,
+                    len(m.segments),
+                    msg.fill_seconds,
+                    m.total_bytes / 2**20 / max(msg.fill_seconds, 1e-9),
+                )
+            elif isinstance(msg, FillFailed):
+                # Keep the worker's class: its exit status tells systemd what to do.
+                raise error_for_code(msg.code, msg.message) from None
+            elif isinstance(msg, FillDone):
+                break
+        rc = proc.wait(timeout=60)
+        if rc != 0:
+            raise FillError(f"loader worker exited with status {rc} after filling")
+        return held
+    except BaseException:
+        for h in held.values():
+            h.release()
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        raise
+    finally:
+        parent.close()
+
+
+def _worker_death(proc: subprocess.Popen) -> str:
+    try:
+        rc = proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        return "loader worker closed its connection without reporting"
+    if rc < 0:
+        return f"loader worker was killed by signal {-rc} (out of memory?)"
+    return f"loader worker exited with status {rc} without reporting a result"

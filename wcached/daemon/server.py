@@ -1,0 +1,314 @@
+"""Accepting connections, checking peers, and serving requests.
+
+One thread per connection keeps the code plain and lets a connection idle for
+as long as its client stays attached (the connection is the lease). Deadlines
+bound everything a client could stall: the hello, the rest of a frame once
+started, and reading our reply. A bad request gets an error reply and the
+connection goes on; a framing error ends that connection only.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+
+from wcached import __version__
+from wcached.config import InstanceSettings
+from wcached.daemon.peers import AccessPolicy, PeerCredentials
+from wcached.daemon.state import HeldModel
+from wcached.device import Device
+from wcached.errors import (
+    BadRequest,
+    Busy,
+    FrameTooLarge,
+    PermissionRefused,
+    ProtocolError,
+    TimeoutExpired,
+    UnknownModel,
+    VersionMismatch,
+    WcacheError,
+)
+from wcached.keys import describe_mismatch, mismatched_fields
+from wcached.protocol.messages import (
+    PROTOCOL_VERSION,
+    Attach,
+    Attached,
+    ClientStatus,
+    ErrorReply,
+    Hello,
+    Mismatch,
+    Release,
+    Released,
+    Request,
+    StatusReply,
+    StatusRequest,
+    Welcome,
+)
+from wcached.protocol.wire import MAX_REQUEST_BYTES, Channel, PeerClosed, close_fds
+
+log = logging.getLogger("wcached.server")
+
+
+@dataclass
+class Session:
+    sock: socket.socket
+    peer: PeerCredentials
+    connected_at: float = field(default_factory=time.monotonic)
+    client: str = ""
+    models: set[str] = field(default_factory=set)
+
+
+class Server:
+    def __init__(
+        self,
+        settings: InstanceSettings,
+        device: Device,
+        models: dict[str, HeldModel],
+        policy: AccessPolicy,
+    ):
+        self.settings = settings
+        self.device = device
+        self.models = models
+        self.policy = policy
+        self.started = time.monotonic()
+        self.state = "serving"
+        self.listener: socket.socket | None = None
+        self._sessions: dict[int, Session] = {}
+        self._lock = threading.Lock()
+        self.changed = threading.Event()  # client count changed: refresh STATUS=
+
+    # -- listening --------------------------------------------------------
+
+    def bind(self) -> socket.socket:
+        path = self.settings.socket_path
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        # The socket is created 0660 from the start, never briefly wider.
+        old = os.umask(0o117)
+        try:
+            sock.bind(path)
+        finally:
+            os.umask(old)
+        os.chmod(path, 0o660)
+        sock.listen(128)
+        sock.setblocking(False)
+        self.listener = sock
+        return sock
+
+    def accept_pending(self) -> None:
+        assert self.listener is not None
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:  # EMFILE and friends: log and try on the next wakeup
+                log.error("accept failed: %s", e)
+                return
+            conn.setblocking(True)
+            threading.Thread(target=self._serve_connection, args=(conn,), daemon=True).start()
+
+    def close(self) -> None:
+        """Stop accepting, unlink the socket, and drop every connection."""
+        self.state = "stopping"
+        if self.listener is not None:
+            self.listener.close()
+            self.listener = None
+            try:
+                os.unlink(self.settings.socket_path)
+            except FileNotFoundError:
+                pass
+        with self._lock:
+            sessions = list(self._sessions.values())
+        for s in sessions:
+            try:
+                s.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    @property
+    def client_count(self) -> int:
+        with self._lock:
+            return len(self._sessions)
+
+    # -- one connection ---------------------------------------------------
+
+    def _serve_connection(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                peer = PeerCredentials.of(conn)
+            except OSError as e:
+                log.warning("could not read peer credentials: %s", e)
+                return
+            chan = Channel(conn, Request)
+            timeout = self.settings.connection_timeout_s
+            if not self.policy.allows(peer):
+                log.warning("refused pid %d uid %d gid %d: not allowed", peer.pid, peer.uid, peer.gid)
+                self._try_send(
+                    chan,
+                    ErrorReply(
+                        code=PermissionRefused.code,
+                        message=f"uid {peer.uid} is not allowed to attach to {self.device.instance_id}",
+                    ),
+                )
+                return
+            session = Session(conn, peer)
+            with self._lock:
+                if len(self._sessions) >= self.settings.max_clients:
+                    busy = True
+                else:
+                    busy = False
+                    self._sessions[id(session)] = session
+            if busy:
+                log.warning("refused pid %d: %d clients connected", peer.pid, self.settings.max_clients)
+                self._try_send(chan, ErrorReply(code=Busy.code, message="too many clients"))
+                return
+            self.changed.set()
+            try:
+                self._converse(chan, session, timeout)
+            finally:
+                with self._lock:
+                    del self._sessions[id(session)]
+                self.changed.set()
+                if session.models:
+                    log.info("client pid %d detached from %s", peer.pid, ", ".join(sorted(session.models)))
+
+    def _converse(self, chan: Channel, session: Session, timeout: float) -> None:
+        peer = session.peer
+        try:
+            hello = chan.recv(MAX_REQUEST_BYTES, idle_timeout=timeout, frame_timeout=timeout)
+            if not isinstance(hello, Hello):
+                raise ProtocolError(f"first message must be hello, got {type(hello).__name__}")
+            if hello.version != PROTOCOL_VERSION:
+                raise VersionMismatch(
+                    f"daemon speaks protocol {PROTOCOL_VERSION}, client sent {hello.version}"
+                )
+            session.client = hello.client[:128]
+            chan.send(
+                Welcome(
+                    version=PROTOCOL_VERSION,
+                    instance=self.device.instance_id,
+                    device=self.device.name,
+                    daemon_version=__version__,
+                    pid=os.getpid(),
+                ),
+                timeout=timeout,
+            )
+            while True:
+                try:
+                    request = chan.recv(MAX_REQUEST_BYTES, idle_timeout=None, frame_timeout=timeout)
+                except ProtocolError as e:
+                    if isinstance(e, FrameTooLarge):
+                        raise
+                    # A whole frame was read, so the stream is still in step.
+                    log.warning("bad request from pid %d: %s", peer.pid, e)
+                    chan.send(ErrorReply(code=e.code, message=str(e)), timeout=timeout)
+                    continue
+                try:
+                    self._dispatch(chan, session, request, timeout)
+                except (TimeoutExpired, ProtocolError):
+                    raise
+                except WcacheError as e:
+                    log.warning("request from pid %d failed: %s", peer.pid, e)
+                    chan.send(ErrorReply(code=e.code, message=str(e)), timeout=timeout)
+        except PeerClosed:
+            pass
+        except TimeoutExpired as e:
+            log.warning("dropped pid %d: %s", peer.pid, e)
+        except ProtocolError as e:
+            log.warning("dropped pid %d: %s", peer.pid, e)
+            self._try_send(chan, ErrorReply(code=e.code, message=str(e)))
+        except OSError as e:
+            log.info("connection of pid %d ended: %s", peer.pid, e)
+
+    def _dispatch(self, chan: Channel, session: Session, request: object, timeout: float) -> None:
+        if isinstance(request, Attach):
+            self._attach(chan, session, request, timeout)
+        elif isinstance(request, StatusRequest):
+            chan.send(self.status(), timeout=timeout)
+        elif isinstance(request, Release):
+            self._release(chan, session, request, timeout)
+        elif isinstance(request, Hello):
+            raise BadRequest("hello was already exchanged")
+        else:
+            raise BadRequest(f"unexpected request {type(request).__name__}")
+
+    def _model(self, name: str) -> HeldModel:
+        held = self.models.get(name)
+        if held is None:
+            served = ", ".join(sorted(self.models)) or "none"
+            raise UnknownModel(f"no model {name!r} on {self.device.instance_id} (serving: {served})")
+        return held
+
+    def _attach(self, chan: Channel, session: Session, req: Attach, timeout: float) -> None:
+        held = self._model(req.model)
+        fields = mismatched_fields(held.manifest.key, req.expect)
+        if fields:
+            message = describe_mismatch(held.manifest.key, req.expect, fields)
+            log.warning("pid %d: cache key mismatch for %s: %s", session.peer.pid, req.model, message)
+            chan.send(Mismatch(model=req.model, fields=fields, message=message), timeout=timeout)
+            return
+        fds = held.dup_fds()
+        try:
+            chan.send(Attached(manifest=held.manifest, fd_count=len(fds)), timeout=timeout, fds=fds)
+        finally:
+            close_fds(fds)
+        session.models.add(req.model)
+        log.info(
+            "pid %d (uid %d, %s) attached to %s",
+            session.peer.pid,
+            session.peer.uid,
+            session.client or "client",
+            req.model,
+        )
+
+    def _release(self, chan: Channel, session: Session, req: Release, timeout: float) -> None:
+        if not self.policy.may_administer(session.peer):
+            raise PermissionRefused("release is reserved to root and the daemon's own user")
+        held = self._model(req.model)
+        held.release()
+        with self._lock:
+            attached = sum(1 for s in self._sessions.values() if req.model in s.models)
+        log.warning(
+            "model %s released by pid %d; %d attached client(s) keep their mappings",
+            req.model,
+            session.peer.pid,
+            attached,
+        )
+        chan.send(Released(model=req.model, attached_clients=attached), timeout=timeout)
+
+    def status(self) -> StatusReply:
+        now = time.monotonic()
+        with self._lock:
+            clients = [
+                ClientStatus(
+                    pid=s.peer.pid,
+                    uid=s.peer.uid,
+                    gid=s.peer.gid,
+                    client=s.client,
+                    models=sorted(s.models),
+                    connected_s=round(now - s.connected_at, 3),
+                )
+                for s in self._sessions.values()
+            ]
+        return StatusReply(
+            instance=self.device.instance_id,
+            device=self.device.name,
+            backend=self.device.backend,
+            state=self.state,
+            pid=os.getpid(),
+            daemon_version=__version__,
+            uptime_s=round(now - self.started, 3),
+            models=[m.status() for m in self.models.values()],
+            clients=clients,
+        )
+
+    @staticmethod
+    def _try_send(chan: Channel, msg: object) -> None:
+        try:
+            chan.send(msg, timeout=1.0)
+        except (OSError, WcacheError):
+            pass

@@ -1,0 +1,53 @@
+"""The models a daemon holds: a manifest and the fds that keep the memory."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+from wcached.errors import ModelReleased
+from wcached.protocol.messages import Manifest, ModelStatus
+from wcached.protocol.wire import close_fds
+
+
+class HeldModel:
+    def __init__(self, manifest: Manifest, fds: list[int], fill_seconds: float):
+        self.manifest = manifest
+        self.fill_seconds = fill_seconds
+        self._fds = list(fds)
+        self._lock = threading.Lock()
+        self.released_at: float | None = None
+
+    @property
+    def name(self) -> str:
+        return self.manifest.model
+
+    def dup_fds(self) -> list[int]:
+        """Duplicates to send, so a concurrent release never closes an fd that
+        is being sent; the caller closes them after sending."""
+        with self._lock:
+            if self.released_at is not None:
+                raise ModelReleased(f"model {self.name!r} was released; restart the daemon to refill")
+            return [os.dup(fd) for fd in self._fds]
+
+    def release(self) -> None:
+        with self._lock:
+            if self.released_at is None:
+                close_fds(self._fds)
+                self._fds = []
+                self.released_at = time.time()
+
+    def status(self) -> ModelStatus:
+        m = self.manifest
+        return ModelStatus(
+            name=m.model,
+            state="released" if self.released_at is not None else "ready",
+            loader=m.key.loader,
+            bytes=m.total_bytes,
+            tensors=len(m.tensors),
+            segments=len(m.segments),
+            key=m.key,
+            filled_at=m.filled_at,
+            fill_seconds=self.fill_seconds,
+        )

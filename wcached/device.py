@@ -1,0 +1,86 @@
+"""Instance name -> device.
+
+``cpuN`` is the host-memory backend (N only tells instances apart). A GPU index
+(``0``) or UUID (``GPU-...``) resolves through NVML, which reads the driver's
+view without creating a CUDA context, so the daemon stays context-free and
+``CUDA_VISIBLE_DEVICES`` (which renumbers devices) plays no part.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from wcached.errors import DeviceError
+
+_CPU_RE = re.compile(r"^cpu(\d+)$")
+_INDEX_RE = re.compile(r"^\d+$")
+_UUID_RE = re.compile(r"^(GPU|MIG)-[0-9a-fA-F-]{8,}$")
+
+
+@dataclass(frozen=True)
+class Device:
+    kind: str  # "cpu" or "cuda"
+    instance_id: str  # canonical: "cpu0" or "GPU-<uuid>"
+    index: int  # cpu ordinal, or the NVML index
+    name: str  # human description
+    aliases: tuple[str, ...] = ()  # other names of the same instance ("0")
+
+    @property
+    def backend(self) -> str:
+        return "host" if self.kind == "cpu" else "cuda"
+
+
+def resolve_instance(name: str) -> Device:
+    """Resolve an instance name as given on the command line or in a unit."""
+    m = _CPU_RE.match(name)
+    if m:
+        return Device("cpu", name, int(m.group(1)), "host memory")
+    if _INDEX_RE.match(name) or _UUID_RE.match(name):
+        return _resolve_gpu(name)
+    raise DeviceError(
+        f"instance {name!r} is not a device: use cpuN (host memory), a GPU index such as 0, "
+        "or a GPU UUID such as GPU-8d3c..."
+    )
+
+
+def _resolve_gpu(name: str) -> Device:
+    try:
+        import pynvml
+    except ImportError:
+        raise DeviceError(f"instance {name!r} is a GPU, but nvidia-ml-py (pynvml) is not installed") from None
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as e:
+        raise DeviceError(
+            f"instance {name!r} is a GPU, but NVML could not start ({e}): "
+            "is the NVIDIA driver installed and loaded?"
+        ) from None
+    try:
+        count = pynvml.nvmlDeviceGetCount()
+        if _INDEX_RE.match(name):
+            index = int(name)
+            if index >= count:
+                raise DeviceError(f"instance {name!r}: no GPU with index {index} ({count} present)")
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        else:
+            try:
+                handle = pynvml.nvmlDeviceGetHandleByUUID(name)
+            except pynvml.NVMLError:
+                raise DeviceError(f"instance {name!r}: no GPU with that UUID") from None
+            index = pynvml.nvmlDeviceGetIndex(handle)
+        uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
+        model = _text(pynvml.nvmlDeviceGetName(handle))
+    finally:
+        pynvml.nvmlShutdown()
+    aliases = tuple(a for a in {name, str(index)} if a != uuid)
+    return Device("cuda", uuid, index, model, aliases)
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def instance_id_for(name: str) -> str:
+    """Canonical id (socket file stem) of an instance name."""
+    return resolve_instance(name).instance_id

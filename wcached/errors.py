@@ -1,0 +1,155 @@
+"""Exception hierarchy with stable wire codes.
+
+Every error the daemon can report to a client carries a ``code`` that is part of
+protocol v1: clients map it back to the same class with :func:`error_for_code`,
+so an engine can tell "the daemon is not there" from "the daemon holds another
+model" without parsing messages.
+"""
+
+from __future__ import annotations
+
+import os
+
+# sysexits(3) values that systemd units key on (RestartPreventExitStatus=78).
+EX_DATAERR = 65
+EX_UNAVAILABLE = 69
+EX_SOFTWARE = 70
+EX_TEMPFAIL = 75
+EX_CONFIG = 78
+
+
+class WcacheError(Exception):
+    """Base of every wcached error; ``code`` is stable on the wire."""
+
+    code = "internal"
+    exit_status = 1
+
+
+class ConfigError(WcacheError):
+    """A configuration mistake: names the file and the key."""
+
+    code = "config"
+    exit_status = EX_CONFIG
+
+    def __init__(self, path: str | os.PathLike[str] | None, key: str | None, problem: str):
+        self.path = str(path) if path is not None else None
+        self.key = key
+        self.problem = problem
+        where = self.path or "<config>"
+        if key:
+            where = f"{where}: key {key!r}"
+        super().__init__(f"{where}: {problem}")
+
+
+class DeviceError(WcacheError):
+    """The instance name does not resolve to a usable device."""
+
+    code = "device"
+    exit_status = EX_CONFIG
+
+
+class LockHeldError(WcacheError):
+    """Another daemon already serves this instance."""
+
+    code = "lock_held"
+    exit_status = EX_TEMPFAIL
+
+
+class FillError(WcacheError):
+    """Filling the cache from a checkpoint failed (names file and tensor)."""
+
+    code = "fill_failed"
+    exit_status = EX_DATAERR
+
+
+class ProtocolError(WcacheError):
+    """A frame or message that does not follow protocol v1."""
+
+    code = "protocol"
+
+
+class FrameTooLarge(ProtocolError):
+    code = "frame_too_large"
+
+
+class VersionMismatch(ProtocolError):
+    code = "version_mismatch"
+
+
+class BadRequest(WcacheError):
+    """A well-formed message that asks for something invalid."""
+
+    code = "bad_request"
+
+
+class UnknownModel(WcacheError):
+    code = "unknown_model"
+
+
+class ModelReleased(WcacheError):
+    code = "released"
+
+
+class PermissionRefused(WcacheError):
+    """The peer's credentials are not allowed by the daemon's config."""
+
+    code = "permission_denied"
+
+
+class DaemonUnavailable(WcacheError):
+    """No daemon answers on the instance's socket."""
+
+    code = "unavailable"
+
+
+class TimeoutExpired(WcacheError):
+    code = "timeout"
+
+
+class KeyMismatch(WcacheError):
+    """The daemon holds the model under a different cache key."""
+
+    code = "key_mismatch"
+
+    def __init__(self, message: str, fields: list[str] | None = None):
+        self.fields = list(fields or [])
+        super().__init__(message)
+
+
+_BY_CODE: dict[str, type[WcacheError]] = {
+    cls.code: cls
+    for cls in (
+        WcacheError,
+        ConfigError,
+        DeviceError,
+        LockHeldError,
+        FillError,
+        ProtocolError,
+        FrameTooLarge,
+        VersionMismatch,
+        BadRequest,
+        UnknownModel,
+        ModelReleased,
+        PermissionRefused,
+        DaemonUnavailable,
+        TimeoutExpired,
+    )
+}
+
+
+def error_for_code(code: str, message: str) -> WcacheError:
+    """Rebuild the exception a daemon reported as ``code``."""
+    cls = _BY_CODE.get(code, WcacheError)
+    if cls is ConfigError:
+        return ConfigError(None, None, message)
+    err = cls(message)
+    return err
+
+
+class Busy(WcacheError):
+    """The daemon serves as many connections as it is configured for."""
+
+    code = "busy"
+
+
+_BY_CODE[Busy.code] = Busy

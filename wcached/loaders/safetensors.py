@@ -1,0 +1,344 @@
+"""The safetensors loader: one file, a directory of shards, or an index.
+
+Header parsing and byte copies need no torch: on the host-memory backend a
+checkpoint goes from the page cache into sealed memfds with one ``preadv`` per
+chunk. torch is imported only when the model's dtype policy casts tensors.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import ctypes
+import hashlib
+import json
+import math
+import os
+import struct
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from wcached.config import ModelConfig
+from wcached.dtypes import BY_TORCH_NAME, DTYPES, Dtype
+from wcached.errors import FillError
+from wcached.keys import CacheKey
+from wcached.loaders.layout import FilledModel, plan_layout
+from wcached.memory.base import MemoryBackend, ProgressFn, SegmentWriter
+from wcached.protocol.messages import Manifest, SegmentInfo, TensorInfo
+
+INDEX_NAME = "model.safetensors.index.json"
+# The format's own limit on the JSON header (safetensors MAX_HEADER_SIZE).
+MAX_HEADER_BYTES = 100_000_000
+
+
+@dataclass(frozen=True)
+class CheckpointFile:
+    path: str
+    size: int
+    header: bytes
+
+
+@dataclass(frozen=True)
+class StoredTensor:
+    name: str
+    file: str
+    dtype: Dtype
+    shape: tuple[int, ...]
+    data_start: int  # absolute offset in the file
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    root: str
+    files: list[CheckpointFile]
+    tensors: list[StoredTensor]  # in file order, then offset order
+
+
+def checkpoint_files(path: str) -> list[str]:
+    """The safetensors files of a checkpoint path (file, directory or index)."""
+    p = Path(path)
+    if p.is_file():
+        if p.name.endswith(".index.json"):
+            return _files_from_index(p)
+        return [str(p)]
+    if not p.is_dir():
+        raise FillError(f"checkpoint {path} does not exist")
+    index = p / INDEX_NAME
+    if index.is_file():
+        return _files_from_index(index)
+    files = sorted(str(f) for f in p.glob("*.safetensors"))
+    if not files:
+        raise FillError(f"checkpoint directory {path} holds no *.safetensors files")
+    return files
+
+
+def _files_from_index(index: Path) -> list[str]:
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise FillError(f"{index}: not a safetensors index ({e})") from None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise FillError(f"{index}: weight_map is empty or not a table")
+    names = sorted(set(weight_map.values()))
+    files = [str(index.parent / n) for n in names]
+    for f in files:
+        if not os.path.isfile(f):
+            raise FillError(f"{index}: shard {f} does not exist")
+    return files
+
+
+def read_checkpoint(path: str) -> Checkpoint:
+    """Parse and validate every header; no tensor data is read."""
+    files: list[CheckpointFile] = []
+    tensors: list[StoredTensor] = []
+    seen: dict[str, str] = {}
+    for file in checkpoint_files(path):
+        cf, stored = _read_header(file)
+        files.append(cf)
+        for t in stored:
+            if t.name in seen:
+                raise FillError(f"{file}: tensor {t.name!r} is also stored in {seen[t.name]}")
+            seen[t.name] = file
+            tensors.append(t)
+    index = _index_path(path)
+    if index is not None:
+        weight_map = json.loads(Path(index).read_text())["weight_map"]
+        for name, shard in weight_map.items():
+            where = seen.get(name)
+            if where is None:
+                raise FillError(f"{index}: tensor {name!r} is listed for {shard} but stored nowhere")
+            if os.path.basename(where) != os.path.basename(shard):
+                raise FillError(f"{index}: tensor {name!r} is listed for {shard} but stored in {where}")
+    if not tensors:
+        raise FillError(f"checkpoint {path} holds no tensors")
+    return Checkpoint(str(path), files, tensors)
+
+
+def _index_path(path: str) -> str | None:
+    p = Path(path)
+    if p.is_file() and p.name.endswith(".index.json"):
+        return str(p)
+    if p.is_dir() and (p / INDEX_NAME).is_file():
+        return str(p / INDEX_NAME)
+    return None
+
+
+def _read_header(file: str) -> tuple[CheckpointFile, list[StoredTensor]]:
+    try:
+        with open(file, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size < 8:
+                raise FillError(f"{file}: truncated: {size} bytes, not even a header length")
+            (hlen,) = struct.unpack("<Q", f.read(8))
+            if hlen > MAX_HEADER_BYTES or 8 + hlen > size:
+                raise FillError(f"{file}: truncated or corrupt: header of {hlen} bytes in a {size}-byte file")
+            header = f.read(hlen)
+    except OSError as e:
+        raise FillError(f"{file}: cannot read: {e}") from None
+    try:
+        doc = json.loads(header)
+    except ValueError as e:
+        raise FillError(f"{file}: corrupt header: {e}") from None
+    if not isinstance(doc, dict):
+        raise FillError(f"{file}: corrupt header: not a JSON object")
+    data_base = 8 + hlen
+    stored: list[StoredTensor] = []
+    for name, entry in doc.items():
+        if name == "__metadata__":
+            continue
+        stored.append(_parse_entry(file, name, entry, data_base, size))
+    stored.sort(key=lambda t: t.data_start)
+    return CheckpointFile(file, size, header), stored
+
+
+def _parse_entry(file: str, name: str, entry: object, data_base: int, size: int) -> StoredTensor:
+    try:
+        assert isinstance(entry, dict)
+        dtype_name = entry["dtype"]
+        shape = tuple(int(d) for d in entry["shape"])
+        begin, end = (int(x) for x in entry["data_offsets"])
+    except (AssertionError, KeyError, TypeError, ValueError):
+        raise FillError(f"{file}: tensor {name!r}: malformed header entry {entry!r}") from None
+    dtype = DTYPES.get(dtype_name)
+    if dtype is None:
+        raise FillError(f"{file}: tensor {name!r}: unsupported dtype {dtype_name!r}")
+    if any(d < 0 for d in shape):
+        raise FillError(f"{file}: tensor {name!r}: negative dimension in shape {list(shape)}")
+    nbytes = math.prod(shape) * dtype.itemsize
+    if end - begin != nbytes or begin < 0:
+        raise FillError(
+            f"{file}: tensor {name!r}: data_offsets [{begin}, {end}] hold {end - begin} bytes, "
+            f"but {dtype_name}{list(shape)} needs {nbytes}"
+        )
+    if data_base + end > size:
+        raise FillError(
+            f"{file}: truncated: tensor {name!r} needs bytes up to {data_base + end}, the file has {size}"
+        )
+    return StoredTensor(name, file, dtype, shape, data_base + begin, nbytes)
+
+
+def header_fingerprint(ckpt: Checkpoint) -> str:
+    """sha256 over file names, sizes and headers: cheap, and changes whenever a
+    tensor is added, removed, reshaped or retyped or a shard is rewritten."""
+    h = hashlib.sha256()
+    for cf in ckpt.files:
+        name = os.path.basename(cf.path).encode()
+        h.update(struct.pack("<QQQ", len(name), cf.size, len(cf.header)))
+        h.update(name)
+        h.update(cf.header)
+    return h.hexdigest()
+
+
+def checkpoint_fingerprint(path: str) -> str:
+    """The header fingerprint of a checkpoint on disk, as clients compute it."""
+    return header_fingerprint(read_checkpoint(path))
+
+
+def _contiguous_stride(shape: tuple[int, ...]) -> list[int]:
+    stride, acc = [], 1
+    for d in reversed(shape):
+        stride.append(acc)
+        acc *= max(d, 1)
+    return stride[::-1]
+
+
+class SafetensorsLoader:
+    def fill(
+        self, model: ModelConfig, backend: MemoryBackend, instance: str, progress: ProgressFn
+    ) -> FilledModel:
+        started = time.monotonic()
+        ckpt = read_checkpoint(model.path)
+        names = {t.name for t in ckpt.tensors}
+        for alias, target in model.aliases.items():
+            if alias in names:
+                raise FillError(f"model {model.name!r}: alias {alias!r} is itself a stored tensor")
+            if target not in names:
+                raise FillError(f"model {model.name!r}: alias {alias!r} names missing tensor {target!r}")
+
+        out_dtypes = [self._out_dtype(model, t.dtype) for t in ckpt.tensors]
+        out_sizes = [math.prod(t.shape) * d.itemsize for t, d in zip(ckpt.tensors, out_dtypes, strict=True)]
+        placements, seg_sizes = plan_layout(
+            ((t.name, n) for t, n in zip(ckpt.tensors, out_sizes, strict=True)),
+            model.segment_bytes,
+            model.alignment,
+        )
+        writers: list[SegmentWriter] = []
+        try:
+            for i, size in enumerate(seg_sizes):
+                writers.append(backend.allocate(size, f"{model.name}.{i}"))
+            digests = self._copy_all(model, ckpt, out_dtypes, placements, writers, progress)
+            fds = [w.finish() for w in writers]
+        except BaseException:
+            for w in writers:
+                w.abort()
+            raise
+
+        fingerprint = header_fingerprint(ckpt)
+        if model.fingerprint == "content":
+            h = hashlib.sha256(fingerprint.encode())
+            for d in digests:
+                h.update(bytes.fromhex(d))
+            fingerprint = "content:" + h.hexdigest()
+        infos = []
+        by_name = {}
+        for t, dt, p, digest in zip(ckpt.tensors, out_dtypes, placements, digests, strict=True):
+            info = TensorInfo(
+                name=t.name,
+                dtype=dt.torch,
+                shape=list(t.shape),
+                stride=_contiguous_stride(t.shape),
+                segment=p.segment,
+                offset=p.offset,
+                nbytes=p.nbytes,
+                digest=digest,
+            )
+            infos.append(info)
+            by_name[t.name] = info
+        for alias, target in sorted(model.aliases.items()):
+            infos.append(
+                TensorInfo(
+                    **{
+                        **{f: getattr(by_name[target], f) for f in TensorInfo.__struct_fields__},
+                        "name": alias,
+                        "alias_of": target,
+                    }
+                )
+            )
+        key = CacheKey(
+            model=model.name,
+            loader="safetensors",
+            fingerprint=fingerprint,
+            dtype=model.dtype,
+        )
+        segments = [
+            SegmentInfo(index=i, nbytes=w.nbytes, backend=backend.name, device=instance)
+            for i, w in enumerate(writers)
+        ]
+        manifest = Manifest(
+            model=model.name,
+            key=key,
+            segments=segments,
+            tensors=infos,
+            total_bytes=sum(out_sizes),
+            filled_at=time.time(),
+        )
+        return FilledModel(manifest, fds, time.monotonic() - started)
+
+    @staticmethod
+    def _out_dtype(model: ModelConfig, stored: Dtype) -> Dtype:
+        if model.dtype == "auto" or not stored.castable:
+            return stored
+        return BY_TORCH_NAME[model.dtype]
+
+    def _copy_all(self, model, ckpt, out_dtypes, placements, writers, progress) -> list[str]:
+        want_digest = model.digest or model.fingerprint == "content"
+        done = 0
+        lock = threading.Lock()
+        src_fds: dict[str, int] = {}
+        try:
+            for cf in ckpt.files:
+                fd = os.open(cf.path, os.O_RDONLY | os.O_CLOEXEC)
+                src_fds[cf.path] = fd
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+
+            def copy(i: int) -> str:
+                nonlocal done
+                t: StoredTensor = ckpt.tensors[i]
+                p = placements[i]
+                w = writers[p.segment]
+                hasher = hashlib.blake2b(digest_size=16) if want_digest else None
+                fd = src_fds[t.file]
+                if out_dtypes[i] is t.dtype:
+                    got = w.write_from_file(fd, t.data_start, p.offset, t.nbytes, hasher)
+                    if got != t.nbytes:
+                        raise FillError(
+                            f"{t.file}: truncated: tensor {t.name!r} ended after {got} of {t.nbytes} bytes"
+                        )
+                else:
+                    w.write_bytes(p.offset, _cast(fd, t, out_dtypes[i]), hasher)
+                with lock:
+                    done += t.nbytes
+                    progress(done)
+                return hasher.hexdigest() if hasher is not None else ""
+
+            with concurrent.futures.ThreadPoolExecutor(model.read_threads) as pool:
+                return list(pool.map(copy, range(len(ckpt.tensors))))
+        finally:
+            for fd in src_fds.values():
+                os.close(fd)
+
+
+def _cast(fd: int, t: StoredTensor, out: Dtype) -> memoryview:
+    import torch
+
+    raw = bytearray(t.nbytes)
+    got = os.preadv(fd, [raw], t.data_start)
+    if got != t.nbytes:
+        raise FillError(f"{t.file}: truncated: tensor {t.name!r} ended after {got} of {t.nbytes} bytes")
+    if t.nbytes == 0:
+        return memoryview(b"")
+    src = torch.frombuffer(raw, dtype=getattr(torch, t.dtype.torch))
+    dst = src.to(getattr(torch, out.torch)).contiguous()
+    return memoryview(ctypes.string_at(dst.data_ptr(), dst.numel() * dst.element_size()))

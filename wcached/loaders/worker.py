@@ -1,0 +1,102 @@
+"""Loader worker: the only process that touches checkpoints and device memory.
+
+The daemon spawns ``python -m wcached.loaders.worker FD`` with one end of a
+socketpair, sends a :class:`FillJob`, and receives per model a
+:class:`ModelFilled` frame followed by the segment fds. Then this process
+exits, and with it any torch state or CUDA context it created: the daemon keeps
+only file descriptors.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+import time
+
+import msgspec
+
+from wcached.config import ModelConfig
+from wcached.errors import EX_SOFTWARE, WcacheError
+from wcached.log import setup_logging
+from wcached.protocol.messages import (
+    FillDone,
+    FillFailed,
+    FillJob,
+    FillProgress,
+    ModelFilled,
+    WorkerMessage,
+)
+from wcached.protocol.wire import MAX_REPLY_BYTES, Channel, close_fds
+
+log = logging.getLogger("wcached.worker")
+PROGRESS_INTERVAL_S = 0.5
+
+
+def run(chan: Channel) -> None:
+    from wcached.loaders import get_loader
+    from wcached.memory import get_backend
+
+    job = chan.recv(MAX_REPLY_BYTES)
+    if not isinstance(job, FillJob):
+        raise WcacheError(f"worker expected a fill job, got {type(job).__name__}")
+    backend = get_backend(job.backend, job.device_index)
+    for raw in job.models:
+        model = msgspec.convert(raw, ModelConfig)
+        last = 0.0
+
+        def progress(done: int, name: str = model.name) -> None:
+            nonlocal last
+            now = time.monotonic()
+            if now - last >= PROGRESS_INTERVAL_S:
+                last = now
+                chan.send(FillProgress(model=name, done_bytes=done, total_bytes=0))
+
+        filled = get_loader(model.loader).fill(model, backend, job.instance, progress)
+        try:
+            chan.send(
+                ModelFilled(
+                    manifest=filled.manifest,
+                    fd_count=len(filled.fds),
+                    fill_seconds=filled.fill_seconds,
+                ),
+                fds=filled.fds,
+            )
+        finally:
+            # The daemon holds its own duplicates now.
+            close_fds(filled.fds)
+    chan.send(FillDone())
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    setup_logging(os.environ.get("WCACHED_LOG_LEVEL", "info"), name="worker")
+    sock = socket.socket(fileno=int(argv[0]))
+    chan = Channel(sock, WorkerMessage)
+    try:
+        run(chan)
+    except WcacheError as e:
+        _report(chan, e.code, str(e))
+        return e.exit_status
+    except MemoryError:
+        _report(chan, "fill_failed", "out of host memory while filling")
+        return EX_SOFTWARE
+    except Exception as e:  # report anything to the daemon rather than just dying
+        log.exception("loader worker failed")
+        _report(chan, "internal", f"{type(e).__name__}: {e}")
+        return EX_SOFTWARE
+    finally:
+        sock.close()
+    return 0
+
+
+def _report(chan: Channel, code: str, message: str) -> None:
+    try:
+        chan.send(FillFailed(code=code, message=message), timeout=5)
+    except (OSError, WcacheError):
+        pass
+
+
+if __name__ == "__main__":
+    sys.exit(main())

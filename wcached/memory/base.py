@@ -1,0 +1,75 @@
+"""The backend interface shared by the host-memory and CUDA backends.
+
+Loader-worker side: :meth:`MemoryBackend.allocate` gives a
+:class:`SegmentWriter`; the loader writes tensor bytes at offsets (from several
+threads, disjoint ranges), then :meth:`SegmentWriter.finish` makes the segment
+read-only for everyone else and returns the fd that carries it.
+
+Client side: :meth:`MemoryBackend.map_segments` turns received fds into
+read-only byte tensors, one per segment, on which tensor views are built.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import torch
+
+    from wcached.protocol.messages import SegmentInfo
+
+
+class Hasher(Protocol):
+    def update(self, data: Any, /) -> None: ...
+
+
+class SegmentWriter(abc.ABC):
+    nbytes: int
+
+    @abc.abstractmethod
+    def write_from_file(
+        self, src_fd: int, file_offset: int, offset: int, nbytes: int, hasher: Hasher | None
+    ) -> int:
+        """Copy ``nbytes`` of ``src_fd`` at ``file_offset`` to ``offset``;
+        returns the bytes copied (short only at end of file)."""
+
+    @abc.abstractmethod
+    def write_bytes(self, offset: int, data: memoryview, hasher: Hasher | None) -> None:
+        """Copy ``data`` to ``offset``."""
+
+    @abc.abstractmethod
+    def finish(self) -> int:
+        """Seal or export the segment; returns the fd that now owns it."""
+
+    @abc.abstractmethod
+    def abort(self) -> None:
+        """Free everything after a failed fill."""
+
+
+class MappedSegments(Protocol):
+    """Read-only byte tensors, one per segment, and how to let them go."""
+
+    tensors: list[torch.Tensor]
+
+    def close(self) -> None: ...
+
+
+class MemoryBackend(abc.ABC):
+    name: str
+    # Segment sizes are rounded up to this.
+    granularity: int
+
+    @abc.abstractmethod
+    def allocate(self, nbytes: int, label: str) -> SegmentWriter: ...
+
+    @abc.abstractmethod
+    def map_segments(self, fds: Sequence[int], infos: Sequence[SegmentInfo]) -> MappedSegments: ...
+
+    def round_up(self, nbytes: int) -> int:
+        g = self.granularity
+        return max(g, (nbytes + g - 1) // g * g)
+
+
+ProgressFn = Callable[[int], None]

@@ -1,0 +1,125 @@
+"""Host-memory backend: memfd segments, sealed so every mapping is read-only.
+
+The loader fills a segment through a writable shared mapping, unmaps it, then
+adds F_SEAL_WRITE|F_SEAL_GROW|F_SEAL_SHRINK|F_SEAL_SEAL. From then on the kernel
+refuses any writable shared mapping or write(2) of that memfd, for every
+process that receives the fd: an engine bug cannot corrupt the cache that the
+next engine attaches to.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import mmap
+import os
+import warnings
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from wcached.errors import ProtocolError
+from wcached.memory.base import Hasher, MemoryBackend, SegmentWriter
+
+if TYPE_CHECKING:
+    import torch
+
+    from wcached.protocol.messages import SegmentInfo
+
+REQUIRED_SEALS = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK
+# preadv chunk: large enough for full-speed reads, small enough that progress
+# and digests interleave with copies.
+_CHUNK = 64 << 20
+
+
+class HostSegmentWriter(SegmentWriter):
+    def __init__(self, nbytes: int, label: str):
+        self.nbytes = nbytes
+        self.fd = os.memfd_create(f"wcache:{label}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:
+            os.ftruncate(self.fd, nbytes)
+            self._map = mmap.mmap(self.fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            os.close(self.fd)
+            raise
+        self._view = memoryview(self._map)
+
+    def write_from_file(
+        self, src_fd: int, file_offset: int, offset: int, nbytes: int, hasher: Hasher | None
+    ) -> int:
+        done = 0
+        while done < nbytes:
+            want = min(_CHUNK, nbytes - done)
+            dst = self._view[offset + done : offset + done + want]
+            got = os.preadv(src_fd, [dst], file_offset + done)
+            if got == 0:
+                break
+            if hasher is not None:
+                hasher.update(dst[:got])
+            done += got
+        return done
+
+    def write_bytes(self, offset: int, data: memoryview, hasher: Hasher | None) -> None:
+        self._view[offset : offset + len(data)] = data
+        if hasher is not None:
+            hasher.update(data)
+
+    def finish(self) -> int:
+        self._view.release()
+        self._map.close()  # a writable mapping would make F_SEAL_WRITE fail
+        fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, REQUIRED_SEALS | fcntl.F_SEAL_SEAL)
+        return self.fd
+
+    def abort(self) -> None:
+        try:
+            self._view.release()
+            self._map.close()
+        except (BufferError, ValueError):
+            pass
+        os.close(self.fd)
+
+
+class HostMappedSegments:
+    def __init__(self, maps: list[mmap.mmap], tensors: list[torch.Tensor]):
+        self._maps = maps
+        self.tensors = tensors
+
+    def close(self) -> None:
+        # Tensors handed out keep their mapping alive through the buffer
+        # protocol; dropping our references is all that is needed.
+        self.tensors = []
+        self._maps = []
+
+
+class HostBackend(MemoryBackend):
+    name = "host"
+    granularity = mmap.PAGESIZE
+
+    def allocate(self, nbytes: int, label: str) -> HostSegmentWriter:
+        return HostSegmentWriter(self.round_up(nbytes), label)
+
+    def map_segments(self, fds: Sequence[int], infos: Sequence[SegmentInfo]) -> HostMappedSegments:
+        import torch
+
+        maps: list[mmap.mmap] = []
+        tensors: list[torch.Tensor] = []
+        for fd, info in zip(fds, infos, strict=True):
+            check_sealed(fd, info.nbytes)
+            m = mmap.mmap(fd, info.nbytes, mmap.MAP_SHARED, mmap.PROT_READ)
+            maps.append(m)
+            with warnings.catch_warnings():
+                # torch warns that the buffer is not writable: that is the point.
+                warnings.simplefilter("ignore", UserWarning)
+                tensors.append(torch.frombuffer(m, dtype=torch.uint8))
+        return HostMappedSegments(maps, tensors)
+
+
+def check_sealed(fd: int, nbytes: int) -> None:
+    """Refuse a segment that is not a sealed memfd of at least ``nbytes``."""
+    try:
+        seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+    except OSError as e:
+        raise ProtocolError(f"segment fd is not a sealable memfd: {e}") from None
+    if seals & REQUIRED_SEALS != REQUIRED_SEALS:
+        raise ProtocolError(f"segment memfd is not sealed read-only (seals={seals:#x})")
+    size = os.fstat(fd).st_size
+    if size < nbytes:
+        raise ProtocolError(f"segment memfd holds {size} bytes, manifest says {nbytes}")

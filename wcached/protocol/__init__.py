@@ -1,0 +1,1 @@
+"""Wire protocol v1: msgspec tagged structs framed over an AF_UNIX stream."""
