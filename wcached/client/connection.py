@@ -49,7 +49,12 @@ class DaemonConnection:
         self.chan = Channel(self.sock, Reply)
         try:
             name = client or f"{os.path.basename(sys.argv[0] or 'python')}[{os.getpid()}]"
-            self.chan.send(Hello(version=PROTOCOL_VERSION, client=name), timeout=timeout)
+            try:
+                self.chan.send(Hello(version=PROTOCOL_VERSION, client=name), timeout=timeout)
+            except (BrokenPipeError, ConnectionResetError):
+                # A daemon that refuses a peer replies and closes at once,
+                # maybe before our hello; its reason is still queued for us.
+                pass
             welcome = self.receive()
             if not isinstance(welcome, Welcome):
                 raise ProtocolError(f"expected welcome, got {type(welcome).__name__}")

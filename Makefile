@@ -1,0 +1,45 @@
+# Common tasks. The virtualenv is built from Debian's /usr/bin/python3 when it
+# is new enough: tests that drop to another uid must be able to execute the
+# interpreter, and pyenv's lives under /root (mode 0700).
+BASE_PYTHON ?= $(shell /usr/bin/python3 -c 'import sys; assert sys.version_info >= (3, 11)' 2>/dev/null && echo /usr/bin/python3 || echo python3)
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# The CPU build; on these machines pip takes it from a local wheel.
+TORCH_SPEC ?= torch==2.13.0
+
+.PHONY: run test test-gpu lint format bench bench-gpu clean venv
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(BASE_PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q '$(TORCH_SPEC)'
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+run: venv
+	$(PY) -m wcached.demo --dir build/demo
+
+test: venv
+	$(PY) -m pytest -q
+
+test-gpu: venv
+	$(PY) -m pytest -q -m gpu
+
+lint: venv
+	$(VENV)/bin/ruff check wcached tests bench
+	$(VENV)/bin/ruff format --check wcached tests bench
+
+format: venv
+	$(VENV)/bin/ruff check --fix wcached tests bench
+	$(VENV)/bin/ruff format wcached tests bench
+
+bench: venv
+	$(PY) bench/attach_host.py
+
+bench-gpu:
+	python3 bench/attach_cuda.py
+
+clean:
+	rm -rf build bench/data .pytest_cache

@@ -1,0 +1,127 @@
+"""SO_PEERCRED checks against clients running as other users."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import run_daemon, write_config
+
+
+def _user_exists(name: str) -> bool:
+    try:
+        pwd.getpwnam(name)
+        return True
+    except KeyError:
+        return False
+
+
+pytestmark = [
+    pytest.mark.skipif(os.getuid() != 0, reason="needs root to run clients as other users"),
+    pytest.mark.skipif(
+        sys.executable.startswith("/root") or not _user_exists("nobody") or not _user_exists("daemon"),
+        reason="needs an interpreter outside /root and the users nobody and daemon",
+    ),
+]
+
+CLIENT = textwrap.dedent(
+    """
+    import sys
+    from wcached.client import attach, PermissionRefused
+    try:
+        with attach("default", "cpu0", socket_dir=sys.argv[1]) as a:
+            print("attached", len(a.tensors))
+    except PermissionRefused as e:
+        print("refused:", e)
+    """
+)
+
+
+def _run_as(user: str, socket_dir: str) -> str:
+    pw = pwd.getpwnam(user)
+    r = subprocess.run(
+        [sys.executable, "-c", CLIENT, socket_dir],
+        user=pw.pw_uid,
+        group=pw.pw_gid,
+        extra_groups=[],
+        env={"HOME": "/tmp", "PATH": os.environ.get("PATH", "")},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd="/",
+    )
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def test_allowed_group_attaches_and_others_are_refused(work: Path, sharded_ckpt: Path) -> None:
+    nobody_group = pwd.getpwnam("nobody").pw_gid
+    cfg = write_config(
+        work / "wcached.toml",
+        models=[{"name": "default", "path": str(sharded_ckpt)}],
+        daemon={"socket_dir": str(work / "run"), "allowed_groups": [str(nobody_group)]},
+    )
+    with run_daemon(cfg) as d:
+        # Open the filesystem permissions so that only SO_PEERCRED decides.
+        os.chmod(d.socket_dir, 0o755)
+        os.chmod(d.socket_path, 0o666)
+        assert _run_as("nobody", d.socket_dir).startswith("attached")
+        out = _run_as("daemon", d.socket_dir)
+        assert out.startswith("refused:") and f"uid {pwd.getpwnam('daemon').pw_uid}" in out
+        assert "not allowed" in d.log()
+        assert d.proc.poll() is None
+
+
+def test_allowed_user_attaches(work: Path, sharded_ckpt: Path) -> None:
+    cfg = write_config(
+        work / "wcached.toml",
+        models=[{"name": "default", "path": str(sharded_ckpt)}],
+        daemon={"socket_dir": str(work / "run"), "allowed_users": ["daemon"]},
+    )
+    with run_daemon(cfg) as d:
+        os.chmod(d.socket_dir, 0o755)
+        os.chmod(d.socket_path, 0o666)
+        assert _run_as("daemon", d.socket_dir).startswith("attached")
+        assert _run_as("nobody", d.socket_dir).startswith("refused:")
+
+
+def test_release_is_reserved_to_the_daemon_user(work: Path, sharded_ckpt: Path) -> None:
+    cfg = write_config(
+        work / "wcached.toml",
+        models=[{"name": "default", "path": str(sharded_ckpt)}],
+        daemon={"socket_dir": str(work / "run"), "allowed_users": ["nobody"]},
+    )
+    script = textwrap.dedent(
+        """
+        import sys
+        from wcached.client import DaemonConnection, PermissionRefused
+        with DaemonConnection(sys.argv[1]) as c:
+            try:
+                c.release("default")
+                print("released")
+            except PermissionRefused as e:
+                print("refused:", e)
+        """
+    )
+    with run_daemon(cfg) as d:
+        os.chmod(d.socket_dir, 0o755)
+        os.chmod(d.socket_path, 0o666)
+        pw = pwd.getpwnam("nobody")
+        r = subprocess.run(
+            [sys.executable, "-c", script, d.socket_path],
+            user=pw.pw_uid,
+            group=pw.pw_gid,
+            extra_groups=[],
+            env={"HOME": "/tmp"},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd="/",
+        )
+        assert r.stdout.startswith("refused:"), r.stderr

@@ -1,0 +1,269 @@
+"""A real daemon process over a real Unix socket."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import stat
+import struct
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import (
+    as_bytes,
+    load_reference,
+    run_daemon,
+    start_daemon,
+    write_config,
+    write_sharded,
+)
+from wcached.client import attach
+from wcached.errors import EX_CONFIG, EX_DATAERR, EX_TEMPFAIL
+
+torch = pytest.importorskip("torch")
+
+
+def test_every_tensor_bit_exact_with_load_file(cpu_config: Path, sharded_ckpt: Path) -> None:
+    reference = load_reference(sharded_ckpt)
+    with run_daemon(cpu_config) as d, attach("default", "cpu0", socket_dir=d.socket_dir) as a:
+        assert len(a.manifest.segments) > 1  # 64KiB segments: packing across several
+        for name, ref in reference.items():
+            got = a.tensors[name]
+            assert got.dtype == ref.dtype, name
+            assert tuple(got.shape) == tuple(ref.shape), name
+            assert torch.equal(as_bytes(got), as_bytes(ref)), name
+        assert set(a.tensors) == set(reference) | {"lm_head.weight"}
+
+
+def test_alias_shares_storage(cpu_config: Path) -> None:
+    with run_daemon(cpu_config) as d, attach("default", "cpu0", socket_dir=d.socket_dir) as a:
+        alias, target = a.tensors["lm_head.weight"], a.tensors["embed.weight"]
+        assert alias.data_ptr() == target.data_ptr()
+        entry = next(t for t in a.manifest.tensors if t.name == "lm_head.weight")
+        assert entry.alias_of == "embed.weight"
+
+
+def test_write_through_attached_tensor_faults_and_cache_stays_intact(cpu_config: Path) -> None:
+    with run_daemon(cpu_config) as d:
+        script = textwrap.dedent(
+            f"""
+            from wcached.client import attach
+            a = attach("default", "cpu0", socket_dir={d.socket_dir!r})
+            t = a.tensors["layer.0.fp32"]
+            print("before", float(t[0]), flush=True)
+            t.fill_(42.0)
+            print("write went through", flush=True)
+            """
+        )
+        r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+        assert "before" in r.stdout
+        assert "write went through" not in r.stdout
+        assert r.returncode in (-signal.SIGSEGV, -signal.SIGBUS), (r.returncode, r.stderr)
+        with attach("default", "cpu0", socket_dir=d.socket_dir) as a:
+            assert not torch.any(a.tensors["layer.0.fp32"] == 42.0)
+        assert d.proc.poll() is None
+
+
+def test_concurrent_good_client_unaffected_by_bad_ones(cpu_config: Path) -> None:
+    with run_daemon(cpu_config) as d:
+        path = d.socket_path
+
+        def raw() -> socket.socket:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(path)
+            s.settimeout(10)
+            return s
+
+        silent = raw()  # never says hello
+        stalled = raw()  # starts a frame and stops
+        stalled.sendall(struct.pack(">I", 100) + b"\x81")
+        garbage = raw()
+        garbage.sendall(struct.pack(">I", 5) + b"\xc1\xc1\xc1\xc1\xc1")
+        oversized = raw()
+        oversized.sendall(struct.pack(">I", 50 * 1024 * 1024) + b"x" * 1024)
+
+        results: list[object] = []
+
+        def good() -> None:
+            try:
+                with attach("default", "cpu0", socket_dir=d.socket_dir) as a:
+                    results.append(float(a.tensors["layer.0.fp32"].sum()))
+            except Exception as e:  # pragma: no cover - reported below
+                results.append(e)
+
+        threads = [threading.Thread(target=good) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert len(results) == 4 and all(isinstance(r, float) for r in results), results
+
+        # Garbage and oversized frames get a typed error reply.
+        assert b"protocol" in garbage.recv(4096)
+        assert b"frame_too_large" in _read_all(oversized)
+        # Silent and stalled clients are dropped after the 2 s deadline.
+        assert _read_all(silent) == b""
+        assert _read_all(stalled) == b""
+        for s in (silent, stalled, garbage, oversized):
+            s.close()
+        assert d.proc.poll() is None
+        with attach("default", "cpu0", socket_dir=d.socket_dir) as a:
+            assert len(a.tensors) > 0
+
+
+def _read_all(s: socket.socket) -> bytes:
+    out = b""
+    try:
+        while chunk := s.recv(4096):
+            out += chunk
+    except (ConnectionResetError, TimeoutError):
+        pass
+    return out
+
+
+def test_bad_request_gets_error_and_connection_goes_on(cpu_config: Path) -> None:
+    from wcached.client import DaemonConnection
+    from wcached.errors import BadRequest, UnknownModel
+    from wcached.protocol.messages import Attach, Attached
+
+    with run_daemon(cpu_config) as d, DaemonConnection(d.socket_path) as conn:
+        with pytest.raises(UnknownModel, match="serving: default"):
+            conn.request(Attach(model="nope"))
+        with pytest.raises(BadRequest, match="unknown cache key field"):
+            conn.request(Attach(model="default", expect={"colour": "blue"}))
+        reply = conn.request(Attach(model="default"))
+        assert isinstance(reply, Attached)
+        from wcached.protocol.wire import close_fds
+
+        close_fds(conn.chan.recv_fds(reply.fd_count))
+
+
+def test_second_daemon_fails_fast(cpu_config: Path) -> None:
+    with run_daemon(cpu_config) as d:
+        second = start_daemon(cpu_config, work=cpu_config.parent / "..")
+        rc = second.proc.wait(15)
+        assert rc == EX_TEMPFAIL
+        assert f"already served by pid {d.proc.pid}" in second.log()
+        assert d.proc.poll() is None
+        with attach("default", "cpu0", socket_dir=d.socket_dir) as a:
+            assert a.tensors
+
+
+def test_ready_only_once_socket_accepts(work: Path) -> None:
+    # Big enough that the fill takes a few progress ticks.
+    ckpt = write_sharded(work / "big", {f"w{i}": torch.ones(1024, 1024) for i in range(48)}, shards=4)
+    cfg = write_config(
+        work / "wcached.toml",
+        models=[{"name": "default", "path": str(ckpt), "read_threads": 1}],
+        daemon={"socket_dir": str(work / "run")},
+    )
+    d = start_daemon(cfg)
+    try:
+        first = d.notify.wait_for("EXTEND_TIMEOUT_USEC=30000000", 30, d.proc)
+        assert "READY=1" not in first
+        msg = d.notify.wait_for("READY=1", 60, d.proc)
+        # At READY, the socket must already accept and answer.
+        with attach("default", "cpu0", socket_dir=d.socket_dir) as a:
+            assert len(a.tensors) == 48
+        assert "STATUS=serving 1 model(s)" in msg
+        before_ready = d.notify.messages[: d.notify.messages.index(msg)]
+        assert any(m.startswith("STATUS=filling") for m in before_ready)
+    finally:
+        assert d.stop() == 0
+        d.notify.close()
+
+
+def test_sigterm_removes_socket_and_exits_zero(cpu_config: Path) -> None:
+    with run_daemon(cpu_config) as d:
+        assert stat.S_IMODE(os.stat(d.socket_path).st_mode) == 0o660
+        assert stat.S_IMODE(os.stat(d.socket_dir).st_mode) == 0o750
+        assert d.stop() == 0
+        assert not os.path.exists(d.socket_path)
+        d.notify.wait_for("STOPPING=1", 5)
+
+
+def test_attached_client_survives_daemon_stop(cpu_config: Path) -> None:
+    with run_daemon(cpu_config) as d:
+        a = attach("default", "cpu0", socket_dir=d.socket_dir)
+        before = as_bytes(a.tensors["embed.weight"]).clone()
+        d.proc.kill()
+        d.proc.wait()
+        assert torch.equal(as_bytes(a.tensors["embed.weight"]), before)
+        a.close()
+
+
+def test_truncated_checkpoint_fails_fill_naming_file_and_tensor(work: Path) -> None:
+    tensors = {"a": torch.ones(64, 64), "b": torch.ones(128, 64)}
+    ckpt = write_sharded(work / "ckpt", tensors, shards=1)
+    shard = ckpt / "model-00001-of-00001.safetensors"
+    with open(shard, "r+b") as f:
+        f.truncate(shard.stat().st_size - 100)
+    cfg = write_config(
+        work / "wcached.toml",
+        models=[{"name": "default", "path": str(ckpt)}],
+        daemon={"socket_dir": str(work / "run")},
+    )
+    d = start_daemon(cfg)
+    rc = d.proc.wait(30)
+    log = d.log()
+    assert rc == EX_DATAERR, log
+    assert str(shard) in log and "'b'" in log and "truncated" in log
+    assert not os.path.exists(d.socket_path)
+    assert not any(m.startswith("READY=1") for m in d.notify.messages)
+
+
+def test_config_error_exits_78_naming_file_and_key(work: Path) -> None:
+    cfg = work / "wcached.toml"
+    cfg.write_text('[daemon]\nsocket_dir = "run"\nsocket_dri = "typo"\n')
+    r = subprocess.run(
+        [sys.executable, "-m", "wcached", "serve", "cpu0", "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert r.returncode == EX_CONFIG
+    assert str(cfg) in r.stderr and "daemon.socket_dri" in r.stderr
+
+
+def test_status_and_release(cpu_config: Path) -> None:
+    import json
+
+    from wcached.errors import ModelReleased
+
+    with run_daemon(cpu_config) as d:
+        a = attach("default", "cpu0", socket_dir=d.socket_dir, client="status-test")
+        cmd = [sys.executable, "-m", "wcached"]
+        r = subprocess.run(cmd + ["status", "--config", str(cpu_config), "--json"], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        (st,) = json.loads(r.stdout)
+        assert st["instance"] == "cpu0" and st["state"] == "serving"
+        (model,) = st["models"]
+        assert model["name"] == "default" and model["tensors"] == len(a.manifest.tensors)
+        assert model["bytes"] == a.manifest.total_bytes
+        clients = {c["pid"]: c for c in st["clients"]}
+        assert clients[os.getpid()]["models"] == ["default"]
+        assert clients[os.getpid()]["client"] == "status-test"
+
+        table = subprocess.run(cmd + ["status", "cpu0", "--config", str(cpu_config)], capture_output=True, text=True)
+        assert "serving" in table.stdout and f"pid {os.getpid()}" in table.stdout
+
+        r = subprocess.run(
+            cmd + ["release", "cpu0", "--model", "default", "--config", str(cpu_config)],
+            capture_output=True,
+            text=True,
+        )
+        assert r.returncode == 0, r.stderr
+        assert "1 attached client(s)" in r.stdout
+        # The attached client keeps reading; new attaches are refused.
+        assert a.tensors["embed.weight"].float().abs().sum() > 0
+        with pytest.raises(ModelReleased):
+            attach("default", "cpu0", socket_dir=d.socket_dir)
+        a.close()
+    r = subprocess.run(cmd + ["status", "--config", str(cpu_config)], capture_output=True, text=True)
+    assert r.returncode == 3
