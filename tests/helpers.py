@@ -111,7 +111,7 @@ class NotifyListener:
     """A stand-in for systemd's notify socket."""
 
     def __init__(self, directory: Path):
-        self.path = str(directory / "notify.sock")
+        self.path = str(directory / f"notify-{time.monotonic_ns()}.sock")
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.sock.bind(self.path)
         self.messages: list[str] = []
@@ -172,7 +172,9 @@ def start_daemon(
 
 
 @contextlib.contextmanager
-def run_daemon(config: Path, instance: str = "cpu0", env: dict | None = None, timeout: float = 60) -> Iterator[Daemon]:
+def run_daemon(
+    config: Path, instance: str = "cpu0", env: dict | None = None, timeout: float = 60
+) -> Iterator[Daemon]:
     """A real daemon process, yielded once it reported READY=1."""
     d = start_daemon(config, instance, env)
     try:

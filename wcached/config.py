@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import tomllib
+import typing
 from pathlib import Path
 from typing import Literal
 
@@ -155,6 +156,8 @@ def parse_config(raw: dict, path: str) -> Config:
         cfg = msgspec.convert(raw, Config)
     except msgspec.ValidationError as e:
         key, problem = _split_validation_error(str(e))
+        if key and key.startswith("instance[...]"):
+            key = _instance_key(raw.get("instance", {}), key)
         raise ConfigError(path, key, problem) from None
     base = Path(path).resolve().parent
     models = [msgspec.structs.replace(m, path=str((base / m.path).resolve())) for m in cfg.model]
@@ -180,7 +183,29 @@ def _split_validation_error(message: str) -> tuple[str | None, str]:
         if field:
             key = f"{key}.{field.group(1)}" if key else field.group(1)
         problem = "required key is missing"
+    elif problem.startswith("Invalid enum value") and key:
+        choices = _literal_choices(key.rsplit(".", 1)[-1])
+        if choices:
+            problem = f"{problem}; expected one of {', '.join(map(repr, choices))}"
     return key or None, problem
+
+
+def _instance_key(tables: dict, key: str) -> str:
+    """msgspec writes dict keys as ``[...]``: find which instance table failed."""
+    for name, table in tables.items():
+        try:
+            msgspec.convert(table, InstanceConfig)
+        except msgspec.ValidationError:
+            return key.replace("instance[...]", f"instance.{name}", 1)
+    return key
+
+
+def _literal_choices(field: str) -> tuple[str, ...]:
+    for table in (DaemonConfig, ModelConfig):
+        hint = typing.get_type_hints(table).get(field)
+        if hint is not None and typing.get_origin(hint) is Literal:
+            return typing.get_args(hint)
+    return ()
 
 
 def _check(cfg: Config, path: str) -> None:

@@ -146,7 +146,7 @@ def test_bad_request_gets_error_and_connection_goes_on(cpu_config: Path) -> None
 
 def test_second_daemon_fails_fast(cpu_config: Path) -> None:
     with run_daemon(cpu_config) as d:
-        second = start_daemon(cpu_config, work=cpu_config.parent / "..")
+        second = start_daemon(cpu_config)
         rc = second.proc.wait(15)
         assert rc == EX_TEMPFAIL
         assert f"already served by pid {d.proc.pid}" in second.log()
@@ -239,7 +239,9 @@ def test_status_and_release(cpu_config: Path) -> None:
     with run_daemon(cpu_config) as d:
         a = attach("default", "cpu0", socket_dir=d.socket_dir, client="status-test")
         cmd = [sys.executable, "-m", "wcached"]
-        r = subprocess.run(cmd + ["status", "--config", str(cpu_config), "--json"], capture_output=True, text=True)
+        r = subprocess.run(
+            [*cmd, "status", "--config", str(cpu_config), "--json"], capture_output=True, text=True
+        )
         assert r.returncode == 0, r.stderr
         (st,) = json.loads(r.stdout)
         assert st["instance"] == "cpu0" and st["state"] == "serving"
@@ -250,11 +252,13 @@ def test_status_and_release(cpu_config: Path) -> None:
         assert clients[os.getpid()]["models"] == ["default"]
         assert clients[os.getpid()]["client"] == "status-test"
 
-        table = subprocess.run(cmd + ["status", "cpu0", "--config", str(cpu_config)], capture_output=True, text=True)
+        table = subprocess.run(
+            [*cmd, "status", "cpu0", "--config", str(cpu_config)], capture_output=True, text=True
+        )
         assert "serving" in table.stdout and f"pid {os.getpid()}" in table.stdout
 
         r = subprocess.run(
-            cmd + ["release", "cpu0", "--model", "default", "--config", str(cpu_config)],
+            [*cmd, "release", "cpu0", "--model", "default", "--config", str(cpu_config)],
             capture_output=True,
             text=True,
         )
@@ -265,5 +269,5 @@ def test_status_and_release(cpu_config: Path) -> None:
         with pytest.raises(ModelReleased):
             attach("default", "cpu0", socket_dir=d.socket_dir)
         a.close()
-    r = subprocess.run(cmd + ["status", "--config", str(cpu_config)], capture_output=True, text=True)
+    r = subprocess.run([*cmd, "status", "--config", str(cpu_config)], capture_output=True, text=True)
     assert r.returncode == 3

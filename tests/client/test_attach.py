@@ -1,0 +1,54 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import run_daemon
+from wcached.client import DaemonUnavailable, KeyMismatch, attach
+from wcached.loaders.safetensors import checkpoint_fingerprint
+
+torch = pytest.importorskip("torch")
+
+
+def test_expected_key_matches_and_mismatch_names_fields(cpu_config: Path, sharded_ckpt: Path) -> None:
+    fp = checkpoint_fingerprint(str(sharded_ckpt))
+    with run_daemon(cpu_config) as d:
+        expect = {"fingerprint": fp, "dtype": "auto", "tp_size": 1, "loader": "safetensors"}
+        with attach("default", "cpu0", socket_dir=d.socket_dir, expect=expect) as a:
+            assert a.manifest.key.fingerprint == fp
+        with pytest.raises(KeyMismatch) as e:
+            attach("default", "cpu0", socket_dir=d.socket_dir, expect={"dtype": "bfloat16", "tp_size": 2})
+        assert e.value.fields == ["dtype", "tp_size"]
+        assert "daemon holds 'auto', client expects 'bfloat16'" in str(e.value)
+        with pytest.raises(KeyMismatch) as e:
+            attach("default", "cpu0", socket_dir=d.socket_dir, expect={"extra.vllm_version": "0.32"})
+        assert e.value.fields == ["extra.vllm_version"]
+
+
+def test_attachment_is_a_lease(cpu_config: Path) -> None:
+    from wcached.client import DaemonConnection
+
+    with run_daemon(cpu_config) as d:
+        a = attach("default", "cpu0", socket_dir=d.socket_dir)
+        with DaemonConnection(d.socket_path) as c:
+            leases = [cl for cl in c.status().clients if cl.models == ["default"]]
+            assert len(leases) == 1
+        t = a.tensors["embed.weight"]
+        a.close()
+        assert a.closed
+        with DaemonConnection(d.socket_path) as c:
+            # The close reached the daemon (poll: the server thread notices EOF).
+            for _ in range(50):
+                if not [cl for cl in c.status().clients if cl.models]:
+                    break
+                import time
+
+                time.sleep(0.05)
+            assert not [cl for cl in c.status().clients if cl.models]
+        assert t.float().abs().sum() > 0  # tensors outlive the lease
+
+
+def test_unavailable_daemon(tmp_path: Path) -> None:
+    with pytest.raises(DaemonUnavailable, match="no daemon socket"):
+        attach("default", "cpu0", socket_dir=str(tmp_path))

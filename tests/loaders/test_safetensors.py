@@ -1,0 +1,154 @@
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import struct
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import as_bytes, load_reference, multi_dtype_tensors, write_sharded
+from wcached.config import ModelConfig
+from wcached.errors import FillError
+from wcached.loaders.safetensors import SafetensorsLoader, checkpoint_fingerprint, read_checkpoint
+from wcached.memory.host import HostBackend
+
+torch = pytest.importorskip("torch")
+
+
+def _raw_file(path: Path, header: dict, data: bytes) -> Path:
+    raw = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + data)
+    return path
+
+
+def _fill(model: ModelConfig):
+    progress: list[int] = []
+    filled = SafetensorsLoader().fill(model, HostBackend(), "cpu0", progress.append)
+    return filled, progress
+
+
+def _views(filled):
+    from wcached.client.attach import build_views
+
+    maps = [
+        mmap.mmap(fd, s.nbytes, mmap.MAP_SHARED, mmap.PROT_READ)
+        for fd, s in zip(filled.fds, filled.manifest.segments, strict=True)
+    ]
+    segs = [torch.frombuffer(bytearray(m), dtype=torch.uint8) for m in maps]
+    for fd in filled.fds:
+        os.close(fd)
+    return build_views(filled.manifest, segs)
+
+
+def test_fill_matches_load_file_and_reports_progress(tmp_path: Path) -> None:
+    ckpt = write_sharded(tmp_path / "c", multi_dtype_tensors(), shards=3)
+    filled, progress = _fill(ModelConfig(name="m", path=str(ckpt), segment_size=8192, read_threads=2))
+    assert len(filled.manifest.segments) > 2
+    for t in filled.manifest.tensors:
+        assert t.offset % 256 == 0
+        assert t.offset + t.nbytes <= filled.manifest.segments[t.segment].nbytes
+        assert len(t.digest) == 32
+    views = _views(filled)
+    for name, ref in load_reference(ckpt).items():
+        assert torch.equal(as_bytes(views[name]), as_bytes(ref)), name
+    assert progress[-1] == filled.manifest.total_bytes
+    assert filled.manifest.key.fingerprint == checkpoint_fingerprint(str(ckpt))
+
+
+def test_dtype_policy_casts_floats_only(tmp_path: Path) -> None:
+    ckpt = write_sharded(tmp_path / "c", multi_dtype_tensors(), shards=1)
+    filled, _ = _fill(ModelConfig(name="m", path=str(ckpt), dtype="float32"))
+    views = _views(filled)
+    ref = load_reference(ckpt)
+    assert views["embed.weight"].dtype == torch.float32
+    assert torch.equal(views["embed.weight"], ref["embed.weight"].float())
+    assert views["layer.0.fp8_e4m3"].dtype == torch.float8_e4m3fn
+    assert views["layer.0.int8"].dtype == torch.int8
+    assert filled.manifest.key.dtype == "float32"
+
+
+def test_content_fingerprint_sees_bytes_header_fingerprint_does_not(tmp_path: Path) -> None:
+    t = {"w": torch.zeros(4, 4)}
+    a = write_sharded(tmp_path / "a", t, shards=1)
+    b = write_sharded(tmp_path / "b", {"w": torch.ones(4, 4)}, shards=1)
+    assert checkpoint_fingerprint(str(a)) == checkpoint_fingerprint(str(b))
+    fa, _ = _fill(ModelConfig(name="m", path=str(a), fingerprint="content", digest=False))
+    fb, _ = _fill(ModelConfig(name="m", path=str(b), fingerprint="content", digest=False))
+    assert fa.manifest.key.fingerprint.startswith("content:")
+    assert fa.manifest.key.fingerprint != fb.manifest.key.fingerprint
+    c = write_sharded(tmp_path / "c", {"w": torch.zeros(4, 5)}, shards=1)
+    assert checkpoint_fingerprint(str(c)) != checkpoint_fingerprint(str(a))
+
+
+@pytest.mark.parametrize(
+    ("header", "data", "match"),
+    [
+        ({"w": {"dtype": "F4", "shape": [2], "data_offsets": [0, 1]}}, b"\0", "unsupported dtype 'F4'"),
+        ({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}}, b"\0" * 4, "needs 8"),
+        ({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}, b"\0" * 8, "truncated: tensor 'w'"),
+        ({"w": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}}, b"\0" * 4, "negative dimension"),
+        ({"w": {"dtype": "F32"}}, b"", "malformed header entry"),
+    ],
+)
+def test_header_errors_name_file_and_tensor(tmp_path: Path, header: dict, data: bytes, match: str) -> None:
+    f = _raw_file(tmp_path / "x.safetensors", header, data)
+    with pytest.raises(FillError, match=match) as e:
+        read_checkpoint(str(f))
+    assert str(f) in str(e.value)
+
+
+def test_corrupt_and_tiny_files(tmp_path: Path) -> None:
+    tiny = tmp_path / "tiny.safetensors"
+    tiny.write_bytes(b"\x01\x02")
+    with pytest.raises(FillError, match="not even a header length"):
+        read_checkpoint(str(tiny))
+    huge = tmp_path / "huge.safetensors"
+    huge.write_bytes(struct.pack("<Q", 1 << 40) + b"{}")
+    with pytest.raises(FillError, match="header of 1099511627776 bytes"):
+        read_checkpoint(str(huge))
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(struct.pack("<Q", 5) + b"{nope")
+    with pytest.raises(FillError, match="corrupt header"):
+        read_checkpoint(str(bad))
+
+
+def test_index_inconsistencies(tmp_path: Path) -> None:
+    ckpt = write_sharded(tmp_path / "c", {"a": torch.ones(2), "b": torch.ones(3)}, shards=2)
+    index = ckpt / "model.safetensors.index.json"
+    doc = json.loads(index.read_text())
+    doc["weight_map"]["ghost"] = "model-00001-of-00002.safetensors"
+    index.write_text(json.dumps(doc))
+    with pytest.raises(FillError, match=r"'ghost' is listed .* but stored nowhere"):
+        read_checkpoint(str(ckpt))
+    doc["weight_map"] = {"a": "model-00009-of-00009.safetensors"}
+    index.write_text(json.dumps(doc))
+    with pytest.raises(FillError, match="does not exist"):
+        read_checkpoint(str(ckpt))
+
+
+def test_duplicate_tensor_across_shards(tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    d = tmp_path / "c"
+    d.mkdir()
+    save_file({"a": torch.ones(2)}, str(d / "one.safetensors"))
+    save_file({"a": torch.ones(2)}, str(d / "two.safetensors"))
+    with pytest.raises(FillError, match="'a' is also stored in"):
+        read_checkpoint(str(d))
+
+
+def test_missing_and_empty_paths(tmp_path: Path) -> None:
+    with pytest.raises(FillError, match="does not exist"):
+        read_checkpoint(str(tmp_path / "nope"))
+    with pytest.raises(FillError, match=r"no \*\.safetensors"):
+        read_checkpoint(str(tmp_path))
+
+
+def test_alias_errors(tmp_path: Path) -> None:
+    ckpt = write_sharded(tmp_path / "c", {"a": torch.ones(2)}, shards=1)
+    with pytest.raises(FillError, match="names missing tensor 'b'"):
+        _fill(ModelConfig(name="m", path=str(ckpt), aliases={"tied": "b"}))
+    with pytest.raises(FillError, match="is itself a stored tensor"):
+        _fill(ModelConfig(name="m", path=str(ckpt), aliases={"a": "a"}))

@@ -1,0 +1,81 @@
+from __future__ import annotations
+
+import fcntl
+import mmap
+import os
+
+import pytest
+
+from wcached.errors import ProtocolError
+from wcached.memory.host import HostBackend, check_sealed
+from wcached.protocol.messages import SegmentInfo
+
+
+def _filled(data: bytes) -> int:
+    w = HostBackend().allocate(len(data), "test")
+    w.write_bytes(0, memoryview(data), None)
+    return w.finish()
+
+
+def test_segment_is_sealed_read_only() -> None:
+    fd = _filled(b"hello world")
+    try:
+        assert os.fstat(fd).st_size == mmap.PAGESIZE  # rounded to the granularity
+        check_sealed(fd, 11)
+        with pytest.raises(PermissionError):
+            mmap.mmap(fd, 4096, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        with pytest.raises(PermissionError):
+            os.pwrite(fd, b"x", 0)
+        with pytest.raises(PermissionError):
+            os.ftruncate(fd, 1 << 20)
+        with pytest.raises(PermissionError):  # seals cannot be removed or added
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE)
+        m = mmap.mmap(fd, 4096, mmap.MAP_SHARED, mmap.PROT_READ)
+        assert m[:11] == b"hello world"
+        m.close()
+    finally:
+        os.close(fd)
+
+
+def test_client_refuses_unsealed_memfd() -> None:
+    fd = os.memfd_create("x", os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, 4096)
+    try:
+        with pytest.raises(ProtocolError, match="not sealed"):
+            check_sealed(fd, 4096)
+    finally:
+        os.close(fd)
+    r, w = os.pipe()
+    with pytest.raises(ProtocolError, match="not a sealable memfd"):
+        check_sealed(r, 1)
+    os.close(r)
+    os.close(w)
+
+
+def test_write_from_file_hashes_and_reports_short_reads(tmp_path) -> None:
+    import hashlib
+
+    src = tmp_path / "src"
+    src.write_bytes(bytes(range(256)) * 10)
+    w = HostBackend().allocate(5000, "t")
+    with open(src, "rb") as f:
+        h = hashlib.blake2b(digest_size=16)
+        assert w.write_from_file(f.fileno(), 100, 8, 1000, h) == 1000
+        assert (
+            h.hexdigest() == hashlib.blake2b((bytes(range(256)) * 10)[100:1100], digest_size=16).hexdigest()
+        )
+        assert w.write_from_file(f.fileno(), 2500, 0, 100, None) == 60  # end of file
+    w.abort()
+
+
+def test_map_segments_gives_read_only_bytes() -> None:
+    torch = pytest.importorskip("torch")
+    fd = _filled(b"\x01\x02\x03")
+    mapped = HostBackend().map_segments(
+        [fd], [SegmentInfo(index=0, nbytes=4096, backend="host", device="cpu0")]
+    )
+    os.close(fd)  # the mapping holds the memory now
+    (t,) = mapped.tensors
+    assert t.dtype == torch.uint8 and t[:3].tolist() == [1, 2, 3]
+    mapped.close()
+    assert t[:3].tolist() == [1, 2, 3]

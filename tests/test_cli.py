@@ -1,0 +1,40 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from wcached.cli import main
+from wcached.errors import EX_CONFIG
+
+
+def test_check_config_ok(cpu_config: Path, capsys) -> None:
+    assert main(["check-config", "--config", str(cpu_config)]) == 0
+    out = capsys.readouterr().out
+    assert f"{cpu_config}: OK" in out and "model default: loader=safetensors" in out
+
+
+def test_check_config_error_names_file_and_key(tmp_path: Path, capsys) -> None:
+    bad = tmp_path / "w.toml"
+    bad.write_text('[[model]]\nname = "a"\npath = "p"\nalignment = "big"\n')
+    assert main(["check-config", "--config", str(bad)]) == EX_CONFIG
+    err = capsys.readouterr().err
+    assert str(bad) in err and "model[0].alignment" in err
+
+
+def test_unknown_instance_name_exits_78(cpu_config: Path) -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "wcached", "serve", "gpu-zero", "--config", str(cpu_config)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert r.returncode == EX_CONFIG
+    assert "'gpu-zero' is not a device" in r.stderr
+
+
+def test_status_without_daemons(cpu_config: Path, capsys) -> None:
+    assert main(["status", "--config", str(cpu_config)]) == 3
+    assert "no daemon sockets" in capsys.readouterr().out
+    assert main(["status", "cpu3", "--config", str(cpu_config), "--json"]) == 3
+    assert '"state": "down"' in capsys.readouterr().out

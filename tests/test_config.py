@@ -1,0 +1,109 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from wcached.config import instance_settings, load_config, parse_size
+from wcached.errors import EX_CONFIG, ConfigError
+
+GOOD = """
+[daemon]
+socket_dir = "run"
+allowed_groups = ["wcache"]
+
+[[model]]
+name = "llama"
+path = "models/llama"
+
+[[model]]
+name = "small"
+path = "/srv/small"
+dtype = "bfloat16"
+segment_size = "512MiB"
+
+[instance."cpu1"]
+models = ["small"]
+connection_timeout_s = 3.0
+"""
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "wcached.toml"
+    p.write_text(text)
+    return p
+
+
+def test_good_config_resolves_relative_paths_and_instances(tmp_path: Path) -> None:
+    cfg = load_config(_write(tmp_path, GOOD))
+    assert cfg.daemon.socket_dir == str(tmp_path / "run")
+    assert cfg.model[0].path == str(tmp_path / "models" / "llama")
+    assert cfg.model[1].segment_bytes == 512 << 20
+    s0 = instance_settings(cfg, "cpu0")
+    assert [m.name for m in s0.models] == ["llama", "small"]
+    assert s0.connection_timeout_s == 10.0
+    s1 = instance_settings(cfg, "cpu1")
+    assert [m.name for m in s1.models] == ["small"]
+    assert s1.connection_timeout_s == 3.0
+    assert s1.allowed_groups == ("wcache",)
+    assert s1.socket_path == str(tmp_path / "run" / "cpu1.sock")
+
+
+def test_instance_table_matches_gpu_alias(tmp_path: Path) -> None:
+    cfg = load_config(_write(tmp_path, GOOD.replace('"cpu1"', '"0"')))
+    s = instance_settings(cfg, "GPU-1234abcd-0000", ("0",))
+    assert [m.name for m in s.models] == ["small"]
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "problem"),
+    [
+        ('[daemon]\nsocket_dri = "x"\n', "daemon.socket_dri", "unknown key"),
+        ('[daemon]\nmax_clients = "many"\n', "daemon.max_clients", "Expected `int`"),
+        ("[daemon]\nmax_clients = 0\n", "daemon.max_clients", ">= 1"),
+        ('[[model]]\nname = "a"\n', "model[0].path", "required key is missing"),
+        ('[[model]]\nname = "a"\npath = "p"\nloader = "gguf"\n', "model[0].loader", "unknown loader"),
+        ('[[model]]\nname = "a"\npath = "p"\nalignment = 48\n', "model[0].alignment", "power of two"),
+        ('[[model]]\nname = "a"\npath = "p"\ndtype = "int4"\n', "model[0].dtype", "expected one of 'auto'"),
+        ('[[model]]\nname = "a"\npath = "p"\nsegment_size = "lots"\n', "model[0].segment_size", "not a size"),
+        (
+            '[[model]]\nname = "a"\npath = "p"\n[[model]]\nname = "a"\npath = "q"\n',
+            "model[1].name",
+            "duplicate",
+        ),
+        ('[instance."cpu0"]\nmodels = ["ghost"]\n', "instance.cpu0.models[0]", "ghost"),
+        ('[instance."cpu0"]\ncolour = 1\n', "instance.cpu0.colour", "unknown key"),
+        ('[[model]]\nname = "a"\npath = "p"\nextra_key = 1\n', "model[0].extra_key", "unknown key"),
+        ("source = 'x'\n", "source", "unknown key"),
+    ],
+)
+def test_mistakes_name_file_and_key(tmp_path: Path, text: str, key: str, problem: str) -> None:
+    path = _write(tmp_path, text)
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert e.value.key == key
+    assert problem in e.value.problem
+    assert str(path) in str(e.value)
+    assert e.value.exit_status == EX_CONFIG
+
+
+def test_invalid_toml_and_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="invalid TOML"):
+        load_config(_write(tmp_path, "[daemon\n"))
+    with pytest.raises(ConfigError, match="file not found"):
+        load_config(tmp_path / "nope.toml")
+
+
+def test_sizes() -> None:
+    assert parse_size("4GiB", "k") == 4 << 30
+    assert parse_size("2 MB", "k") == 2_000_000
+    assert parse_size(4096, "k") == 4096
+    for bad in ("0", "-1GiB", "1.5GiB", "GiB"):
+        with pytest.raises(ConfigError):
+            parse_size(bad, "k")
+
+
+def test_shipped_default_config_is_valid() -> None:
+    cfg = load_config(Path(__file__).resolve().parent.parent / "etc" / "wcache" / "wcached.toml")
+    assert cfg.daemon.socket_dir == "/run/wcache"
+    assert cfg.model
