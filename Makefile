@@ -36,7 +36,7 @@ format: venv
 	$(VENV)/bin/ruff format wcached tests bench
 
 bench: venv
-	$(PY) bench/attach_host.py
+	cd bench && ../$(PY) attach_host.py
 
 bench-gpu:
 	python3 bench/attach_cuda.py

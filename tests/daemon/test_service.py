@@ -271,3 +271,12 @@ def test_status_and_release(cpu_config: Path) -> None:
         a.close()
     r = subprocess.run([*cmd, "status", "--config", str(cpu_config)], capture_output=True, text=True)
     assert r.returncode == 3
+
+
+def test_unread_notify_socket_never_stalls_serving(cpu_config: Path) -> None:
+    # A notify receiver that stops reading fills its queue (10 datagrams for
+    # AF_UNIX); STATUS updates on every connect must not block accepts.
+    with run_daemon(cpu_config) as d:
+        for _ in range(40):
+            with attach("default", "cpu0", socket_dir=d.socket_dir, timeout=5) as a:
+                assert a.tensors

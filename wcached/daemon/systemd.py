@@ -14,6 +14,8 @@ from collections.abc import Sequence
 
 log = logging.getLogger("wcached.systemd")
 
+STATE_SEND_TIMEOUT_S = 5.0
+
 
 class Notifier:
     """Talks to ``$NOTIFY_SOCKET``; every call is a no-op without one."""
@@ -33,18 +35,26 @@ class Notifier:
     def enabled(self) -> bool:
         return self._sock is not None
 
-    def notify(self, *fields: str, fds: Sequence[int] = ()) -> None:
+    def notify(self, *fields: str, fds: Sequence[int] = (), wait: bool = False) -> bool:
+        """Send one datagram. Progress messages never block the main loop (a
+        receiver whose queue is full would stall accepts); state changes
+        (``wait=True``) wait up to :data:`STATE_SEND_TIMEOUT_S` to be queued."""
         if self._sock is None:
-            return
+            return False
         payload = "\n".join(fields).encode()
-        anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, bytes(memoryview(_int_array(fds))))] if fds else []
+        anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, _int_array(fds).tobytes())] if fds else []
+        self._sock.settimeout(STATE_SEND_TIMEOUT_S if wait else 0.0)
         try:
             self._sock.sendmsg([payload], anc, 0, self.address)
+            return True
+        except (BlockingIOError, TimeoutError):
+            log.debug("sd_notify %r dropped: notify socket queue full", fields)
         except OSError as e:
             log.warning("sd_notify %r failed: %s", fields, e)
+        return False
 
     def ready(self, status: str) -> None:
-        self.notify("READY=1", f"STATUS={status}")
+        self.notify("READY=1", f"STATUS={status}", wait=True)
 
     def status(self, status: str) -> None:
         self.notify(f"STATUS={status}")
@@ -53,7 +63,7 @@ class Notifier:
         self.notify(f"EXTEND_TIMEOUT_USEC={int(seconds * 1_000_000)}")
 
     def stopping(self, status: str = "stopping") -> None:
-        self.notify("STOPPING=1", f"STATUS={status}")
+        self.notify("STOPPING=1", f"STATUS={status}", wait=True)
 
     def watchdog_due(self) -> bool:
         return (

@@ -1,0 +1,80 @@
+"""Shared helpers of the benchmarks: machine description and result files."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "bench" / "results"
+DATA = REPO / "bench" / "data"
+sys.path.insert(0, str(REPO))
+
+
+def machine() -> dict:
+    cpu = ""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem_kib = 0
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemTotal"):
+                mem_kib = int(line.split()[1])
+    except OSError:
+        pass
+    info = {
+        "hostname": platform.node(),
+        "kernel": platform.release(),
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "mem_gib": round(mem_kib / 2**20, 1),
+        "python": platform.python_version(),
+    }
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        if torch.cuda.is_available():
+            info["gpu"] = torch.cuda.get_device_name(0)
+    except ImportError:
+        pass
+    return info
+
+
+def summary(samples: list[float]) -> dict:
+    s = sorted(samples)
+    return {
+        "n": len(s),
+        "median_ms": round(statistics.median(s) * 1000, 3),
+        "min_ms": round(s[0] * 1000, 3),
+        "max_ms": round(s[-1] * 1000, 3),
+    }
+
+
+def write_result(name: str, result: dict, table: str) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.datetime.now(datetime.UTC)
+    result = {
+        "date": stamp.isoformat(timespec="seconds"),
+        "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+        "machine": machine(),
+        **result,
+    }
+    base = RESULTS / f"{name}-{stamp:%Y%m%d}"
+    base.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+    header = (
+        f"# {name}\n\n- date: {result['date']}\n- command: `{result['command']}`\n"
+        f"- machine: {json.dumps(result['machine'])}\n\n"
+    )
+    base.with_suffix(".md").write_text(header + table + "\n")
+    return base
