@@ -8,6 +8,31 @@ import pytest
 from tests.helpers import multi_dtype_tensors, open_tmpdir, write_config, write_sharded
 
 
+def cuda_available() -> bool:
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return False
+        import cuda.bindings.driver  # noqa: F401
+        import pynvml
+
+        pynvml.nvmlInit()
+        pynvml.nvmlShutdown()
+        return True
+    except Exception:
+        return False
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    if cuda_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA, cuda-bindings and NVML (run on the GPU machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture
 def work() -> Path:
     path = open_tmpdir()

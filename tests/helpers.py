@@ -168,7 +168,10 @@ def start_daemon(
             stderr=subprocess.STDOUT,
             env=full_env,
         )
-    return Daemon(proc, os.path.join(sdir, f"{instance}.sock"), log_path, notify, sdir)
+    from wcached.device import resolve_instance
+
+    sock = os.path.join(sdir, f"{resolve_instance(instance).instance_id}.sock")
+    return Daemon(proc, sock, log_path, notify, sdir)
 
 
 @contextlib.contextmanager
@@ -199,3 +202,36 @@ def open_tmpdir() -> Path:
     path = Path(tempfile.mkdtemp(prefix="wcached-test-"))
     path.chmod(0o755)
     return path
+
+
+def run_as(user: str, argv: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run ``argv`` as ``user`` (primary group only), from ``/``."""
+    import pwd
+
+    pw = pwd.getpwnam(user)
+    env = {"HOME": "/tmp", "PATH": os.environ.get("PATH", "")}
+    if "PYTHONPATH" in os.environ:  # the GPU machine carries packages this way
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    return subprocess.run(
+        argv,
+        user=pw.pw_uid,
+        group=pw.pw_gid,
+        extra_groups=[],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd="/",
+    )
+
+
+def other_users_can_run_python() -> bool:
+    """Root, an interpreter outside /root, and the users nobody and daemon."""
+    import pwd
+
+    try:
+        pwd.getpwnam("nobody")
+        pwd.getpwnam("daemon")
+    except KeyError:
+        return False
+    return os.getuid() == 0 and not sys.executable.startswith("/root")

@@ -4,31 +4,18 @@ from __future__ import annotations
 
 import os
 import pwd
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import run_daemon, write_config
+from tests.helpers import other_users_can_run_python, run_as, run_daemon, write_config
 
-
-def _user_exists(name: str) -> bool:
-    try:
-        pwd.getpwnam(name)
-        return True
-    except KeyError:
-        return False
-
-
-pytestmark = [
-    pytest.mark.skipif(os.getuid() != 0, reason="needs root to run clients as other users"),
-    pytest.mark.skipif(
-        sys.executable.startswith("/root") or not _user_exists("nobody") or not _user_exists("daemon"),
-        reason="needs an interpreter outside /root and the users nobody and daemon",
-    ),
-]
+pytestmark = pytest.mark.skipif(
+    not other_users_can_run_python(),
+    reason="needs root, an interpreter outside /root and the users nobody and daemon",
+)
 
 CLIENT = textwrap.dedent(
     """
@@ -44,18 +31,7 @@ CLIENT = textwrap.dedent(
 
 
 def _run_as(user: str, socket_dir: str) -> str:
-    pw = pwd.getpwnam(user)
-    r = subprocess.run(
-        [sys.executable, "-c", CLIENT, socket_dir],
-        user=pw.pw_uid,
-        group=pw.pw_gid,
-        extra_groups=[],
-        env={"HOME": "/tmp", "PATH": os.environ.get("PATH", "")},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd="/",
-    )
+    r = run_as(user, [sys.executable, "-c", CLIENT, socket_dir])
     assert r.returncode == 0, r.stderr
     return r.stdout
 
@@ -112,16 +88,5 @@ def test_release_is_reserved_to_the_daemon_user(work: Path, sharded_ckpt: Path) 
     with run_daemon(cfg) as d:
         os.chmod(d.socket_dir, 0o755)
         os.chmod(d.socket_path, 0o666)
-        pw = pwd.getpwnam("nobody")
-        r = subprocess.run(
-            [sys.executable, "-c", script, d.socket_path],
-            user=pw.pw_uid,
-            group=pw.pw_gid,
-            extra_groups=[],
-            env={"HOME": "/tmp"},
-            capture_output=True,
-            text=True,
-            timeout=60,
-            cwd="/",
-        )
+        r = run_as("nobody", [sys.executable, "-c", script, d.socket_path])
         assert r.stdout.startswith("refused:"), r.stderr

@@ -82,7 +82,7 @@ def attach(
             backends = {s.backend for s in manifest.segments}
             if len(backends) != 1:
                 raise ProtocolError(f"segments of several backends: {sorted(backends)}")
-            backend = get_backend(backends.pop(), 0)
+            backend = get_backend(backends.pop(), manifest.segments[0].device)
             mapped = backend.map_segments(fds, manifest.segments)
         finally:
             # Mappings (host) or imported handles (cuda) now hold the memory.

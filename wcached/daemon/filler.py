@@ -50,6 +50,8 @@ def fill_models(
     parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     python = settings.worker_python or sys.executable
     env = dict(os.environ, WCACHED_LOG_LEVEL=settings.log_level)
+    # The worker finds its GPU by UUID; a renumbering mask would only hide it.
+    env.pop("CUDA_VISIBLE_DEVICES", None)
     try:
         proc = subprocess.Popen(
             [python, "-m", "wcached.loaders.worker", str(child.fileno())],

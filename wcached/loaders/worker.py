@@ -41,7 +41,7 @@ def run(chan: Channel) -> None:
     job = chan.recv(MAX_REPLY_BYTES)
     if not isinstance(job, FillJob):
         raise WcacheError(f"worker expected a fill job, got {type(job).__name__}")
-    backend = get_backend(job.backend, job.device_index)
+    backend = get_backend(job.backend, job.instance)
     for raw in job.models:
         model = msgspec.convert(raw, ModelConfig)
         last = 0.0
@@ -66,6 +66,9 @@ def run(chan: Channel) -> None:
         finally:
             # The daemon holds its own duplicates now.
             close_fds(filled.fds)
+    close = getattr(backend, "close", None)
+    if close is not None:
+        close()
     chan.send(FillDone())
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 from wcached.memory.base import MemoryBackend
 
 
-def get_backend(name: str, device_index: int = 0) -> MemoryBackend:
-    """Backend by name; the CUDA one is imported only when asked for."""
+def get_backend(name: str, device: str = "") -> MemoryBackend:
+    """Backend by name, for ``device`` (canonical instance id such as
+    ``GPU-<uuid>``); the CUDA one is imported only when asked for."""
     if name == "host":
         from wcached.memory.host import HostBackend
 
@@ -14,5 +15,5 @@ def get_backend(name: str, device_index: int = 0) -> MemoryBackend:
     if name == "cuda":
         from wcached.memory.cuda import CudaBackend
 
-        return CudaBackend(device_index)
+        return CudaBackend(device)
     raise ValueError(f"unknown memory backend {name!r}")

@@ -1,0 +1,186 @@
+"""The CUDA backend against a real GPU (``-m gpu``; skipped without one)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import (
+    as_bytes,
+    other_users_can_run_python,
+    run_as,
+    run_daemon,
+    write_config,
+    write_sharded,
+)
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture
+def gpu_config(work: Path, sharded_ckpt: Path) -> Path:
+    return write_config(
+        work / "wcached.toml",
+        models=[
+            {
+                "name": "default",
+                "path": str(sharded_ckpt),
+                "aliases": {"lm_head.weight": "embed.weight"},
+                "segment_size": "4MiB",
+            }
+        ],
+        daemon={"socket_dir": str(work / "run"), "allowed_users": ["nobody"]},
+    )
+
+
+def test_bit_exact_against_load_file_on_cuda(gpu_config: Path, sharded_ckpt: Path) -> None:
+    import torch
+    from safetensors.torch import load_file
+
+    from wcached.client import attach
+
+    ref = {}
+    for f in sorted(sharded_ckpt.glob("*.safetensors")):
+        ref.update(load_file(str(f), device="cuda"))
+    with run_daemon(gpu_config, "0") as d:
+        with attach("default", "0", socket_dir=d.socket_dir) as a:
+            assert a.manifest.segments[0].backend == "cuda"
+            assert a.manifest.segments[0].device.startswith("GPU-")
+            for name, t in ref.items():
+                got = a.tensors[name]
+                assert got.is_cuda and got.dtype == t.dtype and got.shape == t.shape, name
+                assert torch.equal(as_bytes(got), as_bytes(t)), name
+            assert a.tensors["lm_head.weight"].data_ptr() == a.tensors["embed.weight"].data_ptr()
+
+
+def test_socket_named_by_gpu_uuid(gpu_config: Path) -> None:
+    from wcached.device import resolve_instance
+
+    dev = resolve_instance("0")
+    with run_daemon(gpu_config, "0") as d:
+        sock = os.path.join(d.socket_dir, f"{dev.instance_id}.sock")
+        assert os.path.exists(sock)
+
+
+WRITER = textwrap.dedent(
+    """
+    import sys, torch
+    from wcached.client import attach
+    a = attach("default", "0", socket_dir=sys.argv[1])
+    t = a.tensors["layer.0.fp32"]
+    print("before", float(t[0]), flush=True)
+    try:
+        t.fill_(42.0)
+        torch.cuda.synchronize()
+        print("write went through", flush=True)
+    except Exception as e:
+        print("faulted:", type(e).__name__, str(e).splitlines()[0], flush=True)
+    """
+)
+
+
+def test_write_faults_in_writer_only_and_cache_stays_intact(gpu_config: Path) -> None:
+    import torch
+
+    from wcached.client import attach
+
+    with run_daemon(gpu_config, "0") as d:
+        r = subprocess.run(
+            [sys.executable, "-c", WRITER, d.socket_dir], capture_output=True, text=True, timeout=120
+        )
+        assert "before" in r.stdout, r.stderr
+        assert "write went through" not in r.stdout, r.stdout
+        assert "faulted" in r.stdout or r.returncode != 0, (r.stdout, r.stderr)
+        with attach("default", "0", socket_dir=d.socket_dir) as a:
+            assert not torch.any(a.tensors["layer.0.fp32"] == 42.0)
+        assert d.proc.poll() is None
+
+
+def test_attached_engine_keeps_reading_after_daemon_sigkill(gpu_config: Path) -> None:
+    import torch
+
+    from wcached.client import attach
+
+    with run_daemon(gpu_config, "0") as d:
+        a = attach("default", "0", socket_dir=d.socket_dir)
+        before = a.tensors["embed.weight"].float().sum().item()
+        d.proc.send_signal(signal.SIGKILL)
+        d.proc.wait()
+        torch.cuda.synchronize()
+        assert a.tensors["embed.weight"].float().sum().item() == before
+        assert torch.equal(a.tensors["lm_head.weight"], a.tensors["embed.weight"])
+        a.close()
+
+
+@pytest.mark.skipif(not other_users_can_run_python(), reason="needs root and an interpreter others can run")
+def test_another_allowed_uid_attaches(gpu_config: Path) -> None:
+    script = textwrap.dedent(
+        """
+        import sys
+        from wcached.client import attach
+        with attach("default", "0", socket_dir=sys.argv[1]) as a:
+            print("attached", len(a.tensors), float(a.tensors["layer.0.fp32"].sum()))
+        """
+    )
+    with run_daemon(gpu_config, "0") as d:
+        os.chmod(d.socket_dir, 0o755)
+        os.chmod(d.socket_path, 0o666)
+        r = run_as("nobody", [sys.executable, "-c", script, d.socket_dir])
+        assert r.returncode == 0 and r.stdout.startswith("attached"), (r.stdout, r.stderr)
+
+
+def test_daemon_has_no_cuda_context(gpu_config: Path) -> None:
+    from wcached.client import attach
+
+    with run_daemon(gpu_config, "0") as d, attach("default", "0", socket_dir=d.socket_dir) as a:
+        assert a.tensors
+        maps = Path(f"/proc/{d.proc.pid}/maps").read_text()
+        assert "libcuda" not in maps
+        assert "libcudart" not in maps and "libtorch" not in maps
+
+
+def test_device_oom_is_a_clear_fill_error() -> None:
+    from wcached.device import resolve_instance
+    from wcached.errors import FillError
+    from wcached.memory.cuda import CudaBackend
+
+    backend = CudaBackend(resolve_instance("0").instance_id)
+    with pytest.raises(FillError, match=r"out of memory: segment big needs 4096\.00 GiB"):
+        backend.allocate(4 << 40, "big")
+    backend.close()
+
+
+def test_wrong_gpu_index_fails_with_clear_error(gpu_config: Path) -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "wcached", "serve", "97", "--config", str(gpu_config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 78
+    assert "no GPU with index 97" in r.stderr
+
+
+def test_fill_and_attach_many_tensors_across_segments(work: Path) -> None:
+    import torch
+
+    from wcached.client import attach
+
+    g = torch.Generator().manual_seed(7)
+    tensors = {f"t{i}": torch.randn(37, 129, generator=g).to(torch.bfloat16) for i in range(600)}
+    ckpt = write_sharded(work / "many", tensors, shards=3)
+    cfg = write_config(
+        work / "many.toml",
+        models=[{"name": "default", "path": str(ckpt), "segment_size": "2MiB"}],
+        daemon={"socket_dir": str(work / "run")},
+    )
+    with run_daemon(cfg, "0") as d, attach("default", "0", socket_dir=d.socket_dir) as a:
+        assert len(a.manifest.segments) > 253  # more fds than one SCM_RIGHTS batch
+        for name, t in tensors.items():
+            assert torch.equal(a.tensors[name].cpu(), t), name

@@ -1,0 +1,30 @@
+from __future__ import annotations
+
+import pytest
+
+from wcached.device import resolve_instance
+from wcached.errors import DeviceError
+
+
+def test_cpu_instances() -> None:
+    d = resolve_instance("cpu3")
+    assert (d.kind, d.instance_id, d.index, d.backend) == ("cpu", "cpu3", 3, "host")
+
+
+@pytest.mark.parametrize("name", ["gpu0", "cpu", "-1", "GPU_1234", "../etc"])
+def test_bad_names(name: str) -> None:
+    with pytest.raises(DeviceError, match="is not a device"):
+        resolve_instance(name)
+
+
+def test_gpu_name_without_nvml_is_a_clear_error() -> None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        pynvml.nvmlShutdown()
+        pytest.skip("NVML works here: covered by the GPU tests")
+    except Exception:
+        pass
+    with pytest.raises(DeviceError, match=r"NVML could not start|nvidia-ml-py"):
+        resolve_instance("0")

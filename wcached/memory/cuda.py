@@ -1,0 +1,431 @@
+"""CUDA backend: VMM allocations exported as POSIX fds, mapped read-only.
+
+Loader-worker side: ``cuMemCreate`` with a POSIX-fd handle type, a temporary
+read-write mapping to fill it from pinned staging buffers (reads overlapped
+with host-to-device copies), then ``cuMemExportToShareableHandle``. The worker
+releases its own handle and mapping; the exported fd alone keeps the
+allocation alive, in the daemon, in systemd's fd store, or in an engine.
+
+Client side: import each fd, map all segments into one address reservation,
+``cuMemSetAccess`` with ``PROT_READ`` (a write faults in the writer, never
+reaching the cache), and expose each segment to torch through
+``__cuda_array_interface__``. The mapping is undone when the last tensor that
+views it is gone.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from wcached.errors import DeviceError, FillError, ProtocolError
+from wcached.memory.base import Hasher, MemoryBackend, SegmentWriter
+
+if TYPE_CHECKING:
+    import torch
+
+    from wcached.protocol.messages import SegmentInfo
+
+log = logging.getLogger("wcached.cuda")
+
+# Staging: each filling thread owns STAGING_BUFFERS pinned buffers of
+# STAGING_CHUNK bytes, so host memory in use is threads x 2 x 64 MiB, never a
+# second copy of the model.
+STAGING_CHUNK = 64 << 20
+STAGING_BUFFERS = 2
+
+_init_lock = threading.Lock()
+_initialized = False
+
+
+def driver() -> Any:
+    """``cuda.bindings.driver``, initialised; DeviceError if unusable."""
+    global _initialized
+    try:
+        from cuda.bindings import driver as cu
+    except ImportError:
+        raise DeviceError("the CUDA backend needs cuda-bindings: pip install 'wcached[cuda]'") from None
+    with _init_lock:
+        if not _initialized:
+            try:
+                (err,) = cu.cuInit(0)
+            except Exception as e:  # the driver library itself is missing
+                raise DeviceError(f"CUDA driver not available: {e}") from None
+            if err != cu.CUresult.CUDA_SUCCESS:
+                raise DeviceError(f"cuInit failed: {_error_name(cu, err)}")
+            _initialized = True
+    return cu
+
+
+def _error_name(cu: Any, err: Any) -> str:
+    try:
+        _, name = cu.cuGetErrorName(err)
+        return name.decode() if isinstance(name, bytes) else str(name)
+    except Exception:  # pragma: no cover - error while reporting an error
+        return str(err)
+
+
+def check(result: tuple, what: str) -> Any:
+    """Unpack a cuda-bindings ``(CUresult, value...)`` tuple or raise."""
+    cu = driver()
+    err, *values = result
+    if err != cu.CUresult.CUDA_SUCCESS:
+        name = _error_name(cu, err)
+        if err == cu.CUresult.CUDA_ERROR_OUT_OF_MEMORY:
+            raise FillError(f"{what}: GPU out of memory ({name})")
+        raise DeviceError(f"{what} failed: {name}")
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+def format_uuid(raw: bytes) -> str:
+    h = raw.hex()
+    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+def device_ordinal(uuid: str) -> int:
+    """This process's CUDA ordinal of the GPU with ``uuid`` (whatever
+    ``CUDA_VISIBLE_DEVICES`` renumbered)."""
+    cu = driver()
+    count = check(cu.cuDeviceGetCount(), "cuDeviceGetCount")
+    seen = []
+    for i in range(count):
+        dev = check(cu.cuDeviceGet(i), "cuDeviceGet")
+        raw = check(cu.cuDeviceGetUuid(dev), "cuDeviceGetUuid")
+        found = format_uuid(bytes(raw.bytes))
+        if found.lower() == uuid.lower():
+            return i
+        seen.append(found)
+    raise DeviceError(
+        f"GPU {uuid} is not visible to this process (visible: {', '.join(seen) or 'none'}; "
+        f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')})"
+    )
+
+
+def _allocation_prop(cu: Any, ordinal: int) -> Any:
+    prop = cu.CUmemAllocationProp()
+    prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+    prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    prop.location.id = ordinal
+    prop.requestedHandleTypes = cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+    return prop
+
+
+def _access(cu: Any, ordinal: int, read_only: bool) -> list:
+    desc = cu.CUmemAccessDesc()
+    desc.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    desc.location.id = ordinal
+    desc.flags = (
+        cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READ
+        if read_only
+        else cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+    )
+    return [desc]
+
+
+def _vmm_support(cu: Any, dev: Any, uuid: str) -> None:
+    attrs = cu.CUdevice_attribute
+    vmm = check(
+        cu.cuDeviceGetAttribute(attrs.CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev),
+        "cuDeviceGetAttribute",
+    )
+    posix = check(
+        cu.cuDeviceGetAttribute(attrs.CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, dev),
+        "cuDeviceGetAttribute",
+    )
+    if not vmm or not posix:
+        raise DeviceError(
+            f"GPU {uuid}: the driver does not support CUDA virtual memory management with "
+            f"POSIX fd export (vmm={vmm}, posix_fd={posix}); wcached needs a Linux driver >= 450"
+        )
+
+
+class _Staging:
+    """One filling thread's pinned buffers, stream and events."""
+
+    def __init__(self, cu: Any, ctx: Any):
+        self.cu = cu
+        check(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+        self.stream = check(cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
+        self.buffers = []
+        for _ in range(STAGING_BUFFERS):
+            ptr = check(cu.cuMemHostAlloc(STAGING_CHUNK, 0), "cuMemHostAlloc")
+            view = memoryview((ctypes.c_char * STAGING_CHUNK).from_address(int(ptr))).cast("B")
+            event = check(cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING), "cuEventCreate")
+            self.buffers.append((int(ptr), view, event))
+        self.turn = 0
+        self.used = [False] * STAGING_BUFFERS
+
+    def next(self) -> tuple[int, memoryview, Any]:
+        """A buffer whose previous copy has finished."""
+        i = self.turn
+        self.turn = (i + 1) % STAGING_BUFFERS
+        ptr, view, event = self.buffers[i]
+        if self.used[i]:
+            check(self.cu.cuEventSynchronize(event), "cuEventSynchronize")
+        self.used[i] = True
+        return ptr, view, event
+
+    def copy(self, dst: int, ptr: int, n: int, event: Any) -> None:
+        check(self.cu.cuMemcpyHtoDAsync(dst, ptr, n, self.stream), "cuMemcpyHtoDAsync")
+        check(self.cu.cuEventRecord(event, self.stream), "cuEventRecord")
+
+    def close(self) -> None:
+        cu = self.cu
+        check(cu.cuStreamSynchronize(self.stream), "cuStreamSynchronize")
+        for ptr, view, event in self.buffers:
+            view.release()
+            cu.cuEventDestroy(event)
+            cu.cuMemFreeHost(ptr)
+        cu.cuStreamDestroy(self.stream)
+        self.buffers = []
+
+
+class CudaSegmentWriter(SegmentWriter):
+    def __init__(self, backend: CudaBackend, nbytes: int, label: str):
+        cu = backend.cu
+        self.backend = backend
+        self.nbytes = nbytes
+        self.label = label
+        self.va = 0
+        try:
+            self.handle = check(cu.cuMemCreate(nbytes, backend.prop, 0), f"cuMemCreate({nbytes})")
+        except FillError:
+            free, total = check(cu.cuMemGetInfo(), "cuMemGetInfo")
+            raise FillError(
+                f"GPU {backend.uuid} out of memory: segment {label} needs {nbytes / 2**30:.2f} GiB, "
+                f"{free / 2**30:.2f} of {total / 2**30:.2f} GiB free"
+            ) from None
+        try:
+            self.va = int(
+                check(cu.cuMemAddressReserve(nbytes, backend.granularity, 0, 0), "cuMemAddressReserve")
+            )
+            check(cu.cuMemMap(self.va, nbytes, 0, self.handle, 0), "cuMemMap")
+            check(
+                cu.cuMemSetAccess(self.va, nbytes, _access(cu, backend.ordinal, False), 1), "cuMemSetAccess"
+            )
+        except BaseException:
+            self.abort()
+            raise
+
+    def write_from_file(
+        self, src_fd: int, file_offset: int, offset: int, nbytes: int, hasher: Hasher | None
+    ) -> int:
+        st = self.backend.staging()
+        done = 0
+        while done < nbytes:
+            ptr, view, event = st.next()
+            want = min(STAGING_CHUNK, nbytes - done)
+            got = os.preadv(src_fd, [view[:want]], file_offset + done)
+            if got == 0:
+                break
+            if hasher is not None:
+                hasher.update(view[:got])
+            st.copy(self.va + offset + done, ptr, got, event)
+            done += got
+        return done
+
+    def write_bytes(self, offset: int, data: memoryview, hasher: Hasher | None) -> None:
+        st = self.backend.staging()
+        data = data.cast("B")
+        if hasher is not None:
+            hasher.update(data)
+        for start in range(0, len(data), STAGING_CHUNK):
+            chunk = data[start : start + STAGING_CHUNK]
+            ptr, view, event = st.next()
+            view[: len(chunk)] = chunk
+            st.copy(self.va + offset + start, ptr, len(chunk), event)
+
+    def finish(self) -> int:
+        cu = self.backend.cu
+        self.backend.synchronize()
+        fd = int(
+            check(
+                cu.cuMemExportToShareableHandle(
+                    self.handle,
+                    cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                    0,
+                ),
+                "cuMemExportToShareableHandle",
+            )
+        )
+        # Only the exported fd keeps the memory from here on.
+        self.abort()
+        return fd
+
+    def abort(self) -> None:
+        cu = self.backend.cu
+        if self.va:
+            cu.cuMemUnmap(self.va, self.nbytes)
+            cu.cuMemAddressFree(self.va, self.nbytes)
+            self.va = 0
+        if self.handle is not None:
+            cu.cuMemRelease(self.handle)
+            self.handle = None
+
+
+class CudaBackend(MemoryBackend):
+    name = "cuda"
+
+    def __init__(self, device: str):
+        self.cu = cu = driver()
+        self.uuid = device
+        self.ordinal = device_ordinal(device) if device.startswith(("GPU-", "MIG-")) else int(device)
+        dev = check(cu.cuDeviceGet(self.ordinal), "cuDeviceGet")
+        _vmm_support(cu, dev, device)
+        self.prop = _allocation_prop(cu, self.ordinal)
+        self.granularity = int(
+            check(
+                cu.cuMemGetAllocationGranularity(
+                    self.prop, cu.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_RECOMMENDED
+                ),
+                "cuMemGetAllocationGranularity",
+            )
+        )
+        self._dev = dev
+        self._ctx = None
+        self._local = threading.local()
+        self._stagings: list[_Staging] = []
+        self._lock = threading.Lock()
+
+    # -- loader-worker side -----------------------------------------------
+
+    def _context(self) -> Any:
+        if self._ctx is None:
+            self._ctx = check(self.cu.cuDevicePrimaryCtxRetain(self._dev), "cuDevicePrimaryCtxRetain")
+        check(self.cu.cuCtxSetCurrent(self._ctx), "cuCtxSetCurrent")
+        return self._ctx
+
+    def staging(self) -> _Staging:
+        st = getattr(self._local, "staging", None)
+        if st is None:
+            st = _Staging(self.cu, self._context())
+            self._local.staging = st
+            with self._lock:
+                self._stagings.append(st)
+        return st
+
+    def synchronize(self) -> None:
+        self._context()
+        for st in list(self._stagings):
+            check(self.cu.cuStreamSynchronize(st.stream), "cuStreamSynchronize")
+
+    def allocate(self, nbytes: int, label: str) -> CudaSegmentWriter:
+        self._context()
+        return CudaSegmentWriter(self, self.round_up(nbytes), label)
+
+    def close(self) -> None:
+        """Free the staging buffers (the worker calls this once filled)."""
+        if self._ctx is not None:
+            self._context()
+        with self._lock:
+            stagings, self._stagings = self._stagings, []
+        for st in stagings:
+            st.close()
+
+    # -- client side ------------------------------------------------------
+
+    def map_segments(self, fds: Sequence[int], infos: Sequence[SegmentInfo]) -> CudaMapping:
+        return CudaMapping(self, fds, infos)
+
+
+class _SegmentArray:
+    """A segment as a ``__cuda_array_interface__`` exporter.
+
+    torch keeps this object alive for as long as any tensor views the segment;
+    it holds the mapping, so the mapping lives exactly that long.
+    """
+
+    def __init__(self, mapping: CudaMapping, ptr: int, nbytes: int):
+        self.mapping = mapping
+        self.__cuda_array_interface__ = {
+            "shape": (nbytes,),
+            "typestr": "|u1",
+            "data": (ptr, False),
+            "version": 3,
+            "strides": None,
+            "stream": None,
+        }
+
+
+class CudaMapping:
+    def __init__(self, backend: CudaBackend, fds: Sequence[int], infos: Sequence[SegmentInfo]):
+        import torch
+
+        cu = backend.cu
+        self.cu = cu
+        self.handles: list[Any] = []
+        self.va = 0
+        self.total = sum(i.nbytes for i in infos)
+        self.mapped = 0
+        uuid = infos[0].device
+        if any(i.device != uuid for i in infos):
+            raise ProtocolError("segments of one attach live on several GPUs")
+        self.ordinal = backend.ordinal
+        torch_device = torch.device("cuda", self.ordinal)
+        # torch's primary context must exist and be current on this thread for
+        # the driver calls; the caller's current device is left as it was.
+        with torch.cuda.device(torch_device):
+            torch.empty(0, device=torch_device)
+            ptrs = self._map(backend, fds, infos)
+        self.tensors: list[torch.Tensor] = [
+            torch.as_tensor(_SegmentArray(self, p, i.nbytes), device=torch_device)
+            for p, i in zip(ptrs, infos, strict=True)
+        ]
+
+    def _map(self, backend: CudaBackend, fds: Sequence[int], infos: Sequence[SegmentInfo]) -> list[int]:
+        cu = self.cu
+        try:
+            for fd in fds:
+                self.handles.append(
+                    check(
+                        cu.cuMemImportFromShareableHandle(
+                            fd, cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+                        ),
+                        "cuMemImportFromShareableHandle",
+                    )
+                )
+            self.va = int(
+                check(cu.cuMemAddressReserve(self.total, backend.granularity, 0, 0), "cuMemAddressReserve")
+            )
+            offset = 0
+            ptrs = []
+            for handle, info in zip(self.handles, infos, strict=True):
+                check(cu.cuMemMap(self.va + offset, info.nbytes, 0, handle, 0), "cuMemMap")
+                self.mapped = offset + info.nbytes
+                ptrs.append(self.va + offset)
+                offset += info.nbytes
+            check(
+                cu.cuMemSetAccess(self.va, self.total, _access(cu, self.ordinal, True), 1), "cuMemSetAccess"
+            )
+        except BaseException:
+            self._undo()
+            raise
+        return ptrs
+
+    def close(self) -> None:
+        # The tensors own the mapping (through _SegmentArray); dropping our
+        # references lets the last view unmap it.
+        self.tensors = []
+
+    def _undo(self) -> None:
+        cu = self.cu
+        if self.va:
+            if self.mapped:
+                cu.cuMemUnmap(self.va, self.mapped)
+            cu.cuMemAddressFree(self.va, self.total)
+            self.va = 0
+        for h in self.handles:
+            cu.cuMemRelease(h)
+        self.handles = []
+
+    def __del__(self) -> None:
+        try:
+            self._undo()
+        except Exception:  # interpreter shutdown: the driver may be gone already
+            pass
