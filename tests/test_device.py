@@ -28,3 +28,17 @@ def test_gpu_name_without_nvml_is_a_clear_error() -> None:
         pass
     with pytest.raises(DeviceError, match=r"NVML could not start|nvidia-ml-py"):
         resolve_instance("0")
+
+
+def test_isolated_resolution_reports_errors_from_the_child() -> None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        pynvml.nvmlShutdown()
+        pytest.skip("NVML works here: covered by the GPU tests")
+    except Exception:
+        pass
+    with pytest.raises(DeviceError, match=r"NVML could not start|nvidia-ml-py"):
+        resolve_instance("GPU-8d3c0000-0000-0000-0000-000000000000", isolated=True)
+    assert resolve_instance("cpu1", isolated=True).instance_id == "cpu1"

@@ -8,8 +8,11 @@ view without creating a CUDA context, so the daemon stays context-free and
 
 from __future__ import annotations
 
+import json
 import re
-from dataclasses import dataclass
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
 
 from wcached.errors import DeviceError
 
@@ -31,13 +34,18 @@ class Device:
         return "host" if self.kind == "cpu" else "cuda"
 
 
-def resolve_instance(name: str) -> Device:
-    """Resolve an instance name as given on the command line or in a unit."""
+def resolve_instance(name: str, isolated: bool = False) -> Device:
+    """Resolve an instance name as given on the command line or in a unit.
+
+    ``isolated=True`` asks NVML in a short-lived child process: libnvidia-ml
+    loads libcuda into whoever calls it, and the daemon keeps its own address
+    space free of any CUDA library.
+    """
     m = _CPU_RE.match(name)
     if m:
         return Device("cpu", name, int(m.group(1)), "host memory")
     if _INDEX_RE.match(name) or _UUID_RE.match(name):
-        return _resolve_gpu(name)
+        return _resolve_gpu_isolated(name) if isolated else _resolve_gpu(name)
     raise DeviceError(
         f"instance {name!r} is not a device: use cpuN (host memory), a GPU index such as 0, "
         "or a GPU UUID such as GPU-8d3c..."
@@ -77,6 +85,21 @@ def _resolve_gpu(name: str) -> Device:
     return Device("cuda", uuid, index, model, aliases)
 
 
+def _resolve_gpu_isolated(name: str) -> Device:
+    r = subprocess.run(
+        [sys.executable, "-m", "wcached.device", name],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if r.returncode != 0:
+        lines = r.stderr.strip().splitlines()
+        raise DeviceError(lines[-1] if lines else f"resolving {name!r} failed ({r.returncode})")
+    raw = json.loads(r.stdout)
+    raw["aliases"] = tuple(raw["aliases"])
+    return Device(**raw)
+
+
 def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
@@ -84,3 +107,18 @@ def _text(value: str | bytes) -> str:
 def instance_id_for(name: str) -> str:
     """Canonical id (socket file stem) of an instance name."""
     return resolve_instance(name).instance_id
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m wcached.device NAME``: the resolved device as JSON."""
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        print(json.dumps(asdict(resolve_instance(args[0]))))
+    except DeviceError as e:
+        print(e, file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

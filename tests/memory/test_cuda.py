@@ -142,7 +142,14 @@ def test_daemon_has_no_cuda_context(gpu_config: Path) -> None:
         assert a.tensors
         maps = Path(f"/proc/{d.proc.pid}/maps").read_text()
         assert "libcuda" not in maps
+        assert "libnvidia-ml" not in maps
         assert "libcudart" not in maps and "libtorch" not in maps
+        apps = subprocess.run(
+            ["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+        ).stdout.split()
+        assert str(d.proc.pid) not in apps
 
 
 def test_device_oom_is_a_clear_fill_error() -> None:
@@ -172,8 +179,8 @@ def test_fill_and_attach_many_tensors_across_segments(work: Path) -> None:
 
     from wcached.client import attach
 
-    g = torch.Generator().manual_seed(7)
-    tensors = {f"t{i}": torch.randn(37, 129, generator=g).to(torch.bfloat16) for i in range(600)}
+    # 1.1 MiB tensors in 2 MiB segments: one segment each, 300 fds in all.
+    tensors = {f"t{i}": torch.full((600, 1000), i / 7, dtype=torch.bfloat16) for i in range(300)}
     ckpt = write_sharded(work / "many", tensors, shards=3)
     cfg = write_config(
         work / "many.toml",

@@ -168,7 +168,7 @@ def serve(instance: str, config_path: str | None) -> int:
     setup_logging("info")
     try:
         cfg = load_config(config_path)
-        device = resolve_instance(instance)
+        device = resolve_instance(instance, isolated=True)
         settings = instance_settings(cfg, device.instance_id, (instance, *device.aliases))
         setup_logging(settings.log_level)
         if not settings.models:
