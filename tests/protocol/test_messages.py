@@ -27,7 +27,7 @@ MANIFEST = Manifest(
     key=KEY,
     segments=[SegmentInfo(index=0, nbytes=4096, backend="host", device="cpu0")],
     tensors=[
-        TensorInfo(name="w", dtype="bfloat16", shape=[2, 3], stride=[3, 1], segment=0, offset=0, nbytes=12),
+        TensorInfo(name="w", dtype="bfloat16", shape=(2, 3), stride=(3, 1), segment=0, offset=0, nbytes=12),
         TensorInfo(
             name="t",
             dtype="bfloat16",

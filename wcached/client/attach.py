@@ -7,12 +7,15 @@ owned by the tensors, so tensors kept after :meth:`Attachment.close` stay valid.
 
 from __future__ import annotations
 
+import contextlib
+import gc
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from wcached.client.connection import DaemonConnection, find_socket_dir, socket_path
 from wcached.errors import KeyMismatch, ProtocolError
 from wcached.memory import get_backend
-from wcached.protocol.messages import Attach, Attached, Manifest, Mismatch
+from wcached.protocol.messages import Attach, Attached, Manifest, Mismatch, TensorInfo
 from wcached.protocol.wire import close_fds
 
 if TYPE_CHECKING:
@@ -69,7 +72,8 @@ def attach(
     path = socket_path(instance, find_socket_dir(socket_dir, config))
     conn = DaemonConnection(path, timeout=timeout, client=client)
     try:
-        reply = conn.request(Attach(model=model, expect=dict(expect or {})))
+        with _gc_paused():
+            reply = conn.request(Attach(model=model, expect=dict(expect or {})))
         if isinstance(reply, Mismatch):
             raise KeyMismatch(reply.message, reply.fields)
         if not isinstance(reply, Attached):
@@ -87,26 +91,61 @@ def attach(
         finally:
             # Mappings (host) or imported handles (cuda) now hold the memory.
             close_fds(fds)
-        tensors = build_views(manifest, mapped.tensors)
+        with _gc_paused():
+            tensors = build_views(manifest, mapped.tensors)
         return Attachment(conn, manifest, tensors, mapped)
     except BaseException:
         conn.close()
         raise
 
 
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Bulk construction of acyclic objects (manifest entries, tensor views)
+    would otherwise trigger collections of the caller's whole heap."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def build_views(manifest: Manifest, segments: list[torch.Tensor]) -> dict[str, torch.Tensor]:
-    """One view per manifest entry into the segments' byte tensors (no copy)."""
+    """One view per manifest entry into the segments' byte tensors (no copy).
+
+    Each view is a single ``as_strided`` over a typed view of its segment,
+    made once per (segment, dtype): per-tensor cost is what bounds attach for
+    checkpoints of many small tensors.
+    """
     import torch
 
+    as_strided = torch.Tensor.as_strided
+    # (segment, dtype) -> (typed view of the segment, itemsize, size in bytes)
+    typed: dict[tuple[int, str], tuple[torch.Tensor, int, int]] = {}
     views: dict[str, torch.Tensor] = {}
     for t in manifest.tensors:
-        seg = segments[t.segment]
-        if t.offset + t.nbytes > seg.numel():
+        entry = typed.get((t.segment, t.dtype))
+        if entry is None:
+            entry = typed[(t.segment, t.dtype)] = _typed_segment(segments, t)
+        base, size, limit = entry
+        offset = t.offset
+        if offset % size or offset < 0 or offset + t.nbytes > limit:
             raise ProtocolError(f"tensor {t.name!r} lies outside segment {t.segment}")
-        dtype = getattr(torch, t.dtype, None)
-        if not isinstance(dtype, torch.dtype):
-            raise ProtocolError(f"tensor {t.name!r}: unknown dtype {t.dtype!r}")
-        raw = seg[t.offset : t.offset + t.nbytes]
-        typed = raw.view(dtype) if t.nbytes else torch.empty(0, dtype=dtype, device=seg.device)
-        views[t.name] = typed.as_strided(t.shape, t.stride) if t.nbytes else typed.reshape(t.shape)
+        views[t.name] = as_strided(base, t.shape, t.stride, offset // size)
     return views
+
+
+def _typed_segment(segments: list[torch.Tensor], t: TensorInfo) -> tuple[torch.Tensor, int, int]:
+    import torch
+
+    if not 0 <= t.segment < len(segments):
+        raise ProtocolError(f"tensor {t.name!r} names missing segment {t.segment}")
+    dtype = getattr(torch, t.dtype, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ProtocolError(f"tensor {t.name!r}: unknown dtype {t.dtype!r}")
+    seg = segments[t.segment]
+    size = dtype.itemsize
+    usable = seg.numel() // size * size
+    return seg[:usable].view(dtype), size, usable

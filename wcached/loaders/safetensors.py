@@ -196,12 +196,12 @@ def checkpoint_fingerprint(path: str) -> str:
     return header_fingerprint(read_checkpoint(path))
 
 
-def _contiguous_stride(shape: tuple[int, ...]) -> list[int]:
+def _contiguous_stride(shape: tuple[int, ...]) -> tuple[int, ...]:
     stride, acc = [], 1
     for d in reversed(shape):
         stride.append(acc)
         acc *= max(d, 1)
-    return stride[::-1]
+    return tuple(reversed(stride))
 
 
 class SafetensorsLoader:
@@ -247,7 +247,7 @@ class SafetensorsLoader:
             info = TensorInfo(
                 name=t.name,
                 dtype=dt.torch,
-                shape=list(t.shape),
+                shape=t.shape,
                 stride=_contiguous_stride(t.shape),
                 segment=p.segment,
                 offset=p.offset,
