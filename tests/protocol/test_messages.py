@@ -31,8 +31,8 @@ MANIFEST = Manifest(
         TensorInfo(
             name="t",
             dtype="bfloat16",
-            shape=[2, 3],
-            stride=[3, 1],
+            shape=(2, 3),
+            stride=(3, 1),
             segment=0,
             offset=0,
             nbytes=12,
