@@ -152,3 +152,39 @@ def test_alias_errors(tmp_path: Path) -> None:
         _fill(ModelConfig(name="m", path=str(ckpt), aliases={"tied": "b"}))
     with pytest.raises(FillError, match="is itself a stored tensor"):
         _fill(ModelConfig(name="m", path=str(ckpt), aliases={"a": "a"}))
+
+
+def test_runs_group_back_to_back_tensors_of_one_file_and_segment() -> None:
+    from wcached.dtypes import DTYPES
+    from wcached.loaders.layout import Placement
+    from wcached.loaders.safetensors import StoredTensor, _runs
+
+    f32 = DTYPES["F32"]
+
+    def t(name, file, start, n):
+        return StoredTensor(name, file, f32, (n // 4,), start, n)
+
+    tensors = [
+        t("a", "x", 8, 16),
+        t("b", "x", 24, 16),
+        t("c", "x", 48, 16),
+        t("d", "y", 8, 16),
+        t("e", "y", 24, 16),
+    ]
+    placements = [Placement(x.name, 0 if x.name != "e" else 1, 0, 16) for x in tensors]
+    assert _runs(tensors, placements, [False] * 5) == [[0, 1], [2], [3], [4]]
+    assert _runs(tensors, placements, [False, True, False, False, False]) == [[0], [1], [2], [3], [4]]
+
+
+def test_truncation_during_fill_names_the_tensor(tmp_path: Path, monkeypatch) -> None:
+    ckpt = write_sharded(
+        tmp_path / "c", {"a": torch.ones(64), "b": torch.ones(64), "c": torch.ones(64)}, shards=1
+    )
+    real = read_checkpoint(str(ckpt))
+    shard = real.files[0].path
+    # The file shrinks between the header check and the copy.
+    monkeypatch.setattr("wcached.loaders.safetensors.read_checkpoint", lambda path: real)
+    with open(shard, "r+b") as f:
+        f.truncate(os.path.getsize(shard) - 300)
+    with pytest.raises(FillError, match=r"truncated: tensor 'b' ended after 212 of 256 bytes"):
+        _fill(ModelConfig(name="m", path=str(ckpt)))

@@ -79,3 +79,27 @@ def test_map_segments_gives_read_only_bytes() -> None:
     assert t.dtype == torch.uint8 and t[:3].tolist() == [1, 2, 3]
     mapped.close()
     assert t[:3].tolist() == [1, 2, 3]
+
+
+def test_write_run_scatters_one_read_and_reports_short_files(tmp_path) -> None:
+    import hashlib
+
+    data = bytes(range(256)) * 4
+    src = tmp_path / "src"
+    src.write_bytes(data)
+    w = HostBackend().allocate(8192, "t")
+    pieces = [(0, 100), (256, 0), (512, 300), (1024, 124)]
+    hashers = [hashlib.blake2b(digest_size=16) for _ in pieces]
+    with open(src, "rb") as f:
+        assert w.write_run(f.fileno(), 10, pieces, hashers) == 524
+        assert w.write_run(f.fileno(), 900, [(4096, 100), (4352, 100)], [None, None]) == 124
+    fd = w.finish()
+    m = mmap.mmap(fd, 8192, mmap.MAP_SHARED, mmap.PROT_READ)
+    assert m[0:100] == data[10:110]
+    assert m[512:812] == data[110:410]
+    assert m[1024:1148] == data[410:534]
+    assert hashers[2].digest() == hashlib.blake2b(data[110:410], digest_size=16).digest()
+    assert m[4096:4196] == data[900:1000]
+    assert m[4352:4376] == data[1000:1024]
+    m.close()
+    os.close(fd)

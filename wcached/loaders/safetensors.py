@@ -24,7 +24,7 @@ from wcached.dtypes import BY_TORCH_NAME, DTYPES, Dtype
 from wcached.errors import FillError
 from wcached.keys import CacheKey
 from wcached.loaders.layout import FilledModel, plan_layout
-from wcached.memory.base import MemoryBackend, ProgressFn, SegmentWriter
+from wcached.memory.base import MAX_RUN_BYTES, MemoryBackend, ProgressFn, SegmentWriter
 from wcached.protocol.messages import Manifest, SegmentInfo, TensorInfo
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -294,6 +294,8 @@ class SafetensorsLoader:
 
     def _copy_all(self, model, ckpt, out_dtypes, placements, writers, progress) -> list[str]:
         want_digest = model.digest or model.fingerprint == "content"
+        tensors: list[StoredTensor] = ckpt.tensors
+        digests = [""] * len(tensors)
         done = 0
         lock = threading.Lock()
         src_fds: dict[str, int] = {}
@@ -303,31 +305,84 @@ class SafetensorsLoader:
                 src_fds[cf.path] = fd
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
 
-            def copy(i: int) -> str:
+            def copy(run: list[int]) -> None:
                 nonlocal done
-                t: StoredTensor = ckpt.tensors[i]
-                p = placements[i]
-                w = writers[p.segment]
-                hasher = hashlib.blake2b(digest_size=16) if want_digest else None
-                fd = src_fds[t.file]
-                if out_dtypes[i] is t.dtype:
-                    got = w.write_from_file(fd, t.data_start, p.offset, t.nbytes, hasher)
-                    if got != t.nbytes:
-                        raise FillError(
-                            f"{t.file}: truncated: tensor {t.name!r} ended after {got} of {t.nbytes} bytes"
-                        )
+                first = tensors[run[0]]
+                w = writers[placements[run[0]].segment]
+                fd = src_fds[first.file]
+                hashers = [hashlib.blake2b(digest_size=16) if want_digest else None for _ in run]
+                if out_dtypes[run[0]] is not first.dtype:
+                    w.write_bytes(placements[run[0]].offset, _cast(fd, first, out_dtypes[run[0]]), hashers[0])
+                elif len(run) == 1:
+                    p = placements[run[0]]
+                    got = w.write_from_file(fd, first.data_start, p.offset, first.nbytes, hashers[0])
+                    _check_complete(first, got)
                 else:
-                    w.write_bytes(p.offset, _cast(fd, t, out_dtypes[i]), hasher)
+                    pieces = [(placements[i].offset, tensors[i].nbytes) for i in run]
+                    got = w.write_run(fd, first.data_start, pieces, hashers)
+                    for i in run:  # name the first tensor the file ended inside
+                        t = tensors[i]
+                        _check_complete(t, got - (t.data_start - first.data_start))
+                for i, h in zip(run, hashers, strict=True):
+                    digests[i] = h.hexdigest() if h is not None else ""
                 with lock:
-                    done += t.nbytes
+                    done += sum(tensors[i].nbytes for i in run)
                     progress(done)
-                return hasher.hexdigest() if hasher is not None else ""
 
+            runs = _runs(
+                tensors, placements, [d is not t.dtype for d, t in zip(out_dtypes, tensors, strict=True)]
+            )
             with concurrent.futures.ThreadPoolExecutor(model.read_threads) as pool:
-                return list(pool.map(copy, range(len(ckpt.tensors))))
+                # Largest first keeps every thread busy to the end.
+                order = sorted(runs, key=lambda r: -sum(tensors[i].nbytes for i in r))
+                for _ in pool.map(copy, order):
+                    pass
+            return digests
         finally:
             for fd in src_fds.values():
                 os.close(fd)
+
+
+def _check_complete(t: StoredTensor, got: int) -> None:
+    if got < t.nbytes:
+        raise FillError(
+            f"{t.file}: truncated: tensor {t.name!r} ended after {max(got, 0)} of {t.nbytes} bytes"
+        )
+
+
+# Tensors per run at most (each is one iovec, and IOV_MAX is 1024).
+MAX_RUN_TENSORS = 512
+
+
+def _runs(tensors: list[StoredTensor], placements: list, cast: list[bool]) -> list[list[int]]:
+    """Group tensors stored back to back in one file and placed in one segment
+    into runs of at most MAX_RUN_BYTES, each copied with a single read."""
+    runs: list[list[int]] = []
+    cur: list[int] = []
+    cur_bytes = 0
+    for i, t in enumerate(tensors):
+        if cast[i] or t.nbytes >= MAX_RUN_BYTES:
+            if cur:
+                runs.append(cur)
+                cur, cur_bytes = [], 0
+            runs.append([i])
+            continue
+        if cur:
+            prev = tensors[cur[-1]]
+            if (
+                t.file != prev.file
+                or placements[i].segment != placements[cur[-1]].segment
+                or t.data_start != prev.data_start + prev.nbytes
+                or cur_bytes + t.nbytes > MAX_RUN_BYTES
+                or len(cur) >= MAX_RUN_TENSORS
+            ):
+                runs.append(cur)
+                cur, cur_bytes = [], 0
+        cur.append(i)
+        cur_bytes += t.nbytes
+    if cur:
+        runs.append(cur)
+    return runs
 
 
 def _cast(fd: int, t: StoredTensor, out: Dtype) -> memoryview:

@@ -12,6 +12,7 @@ read-only byte tensors, one per segment, on which tensor views are built.
 from __future__ import annotations
 
 import abc
+import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -21,8 +22,28 @@ if TYPE_CHECKING:
     from wcached.protocol.messages import SegmentInfo
 
 
+# The most bytes one write_run() copies: a staging buffer's worth.
+MAX_RUN_BYTES = 64 << 20
+
+
 class Hasher(Protocol):
     def update(self, data: Any, /) -> None: ...
+
+
+def preadv_full(fd: int, views: list[memoryview], offset: int) -> int:
+    """``preadv`` until every view is full or the file ends; returns bytes read."""
+    total = 0
+    views = [v for v in views if len(v)]
+    while views:
+        got = os.preadv(fd, views, offset + total)
+        if got == 0:
+            break
+        total += got
+        while views and got >= len(views[0]):
+            got -= len(views.pop(0))
+        if got:
+            views[0] = views[0][got:]
+    return total
 
 
 class SegmentWriter(abc.ABC):
@@ -34,6 +55,24 @@ class SegmentWriter(abc.ABC):
     ) -> int:
         """Copy ``nbytes`` of ``src_fd`` at ``file_offset`` to ``offset``;
         returns the bytes copied (short only at end of file)."""
+
+    def write_run(
+        self,
+        src_fd: int,
+        file_offset: int,
+        pieces: Sequence[tuple[int, int]],
+        hashers: Sequence[Hasher | None],
+    ) -> int:
+        """Copy tensors stored back to back in the file from ``file_offset``
+        to their ``(offset, nbytes)`` places; one read for all of them (at most
+        :data:`MAX_RUN_BYTES`). Returns the bytes read."""
+        done = 0
+        for (offset, nbytes), hasher in zip(pieces, hashers, strict=True):
+            got = self.write_from_file(src_fd, file_offset + done, offset, nbytes, hasher)
+            done += got
+            if got < nbytes:
+                break
+        return done
 
     @abc.abstractmethod
     def write_bytes(self, offset: int, data: memoryview, hasher: Hasher | None) -> None:

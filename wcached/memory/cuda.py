@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from wcached.errors import DeviceError, FillError, ProtocolError
-from wcached.memory.base import Hasher, MemoryBackend, SegmentWriter
+from wcached.memory.base import MAX_RUN_BYTES, Hasher, MemoryBackend, SegmentWriter, preadv_full
 
 if TYPE_CHECKING:
     import torch
@@ -35,7 +35,7 @@ log = logging.getLogger("wcached.cuda")
 # Staging: each filling thread owns STAGING_BUFFERS pinned buffers of
 # STAGING_CHUNK bytes, so host memory in use is threads x 2 x 64 MiB, never a
 # second copy of the model.
-STAGING_CHUNK = 64 << 20
+STAGING_CHUNK = MAX_RUN_BYTES
 STAGING_BUFFERS = 2
 
 _init_lock = threading.Lock()
@@ -229,6 +229,30 @@ class CudaSegmentWriter(SegmentWriter):
             st.copy(self.va + offset + done, ptr, got, event)
             done += got
         return done
+
+    def write_run(
+        self,
+        src_fd: int,
+        file_offset: int,
+        pieces: Sequence[tuple[int, int]],
+        hashers: Sequence[Hasher | None],
+    ) -> int:
+        # One read into a staging buffer, then one async copy per tensor.
+        total = sum(n for _, n in pieces)
+        st = self.backend.staging()
+        ptr, view, event = st.next()
+        got = preadv_full(src_fd, [view[:total]], file_offset)
+        cu, pos = self.backend.cu, 0
+        for (offset, nbytes), hasher in zip(pieces, hashers, strict=True):
+            if hasher is not None:
+                hasher.update(view[pos : pos + nbytes])
+            if nbytes:
+                check(
+                    cu.cuMemcpyHtoDAsync(self.va + offset, ptr + pos, nbytes, st.stream), "cuMemcpyHtoDAsync"
+                )
+            pos += nbytes
+        check(cu.cuEventRecord(event, st.stream), "cuEventRecord")
+        return got
 
     def write_bytes(self, offset: int, data: memoryview, hasher: Hasher | None) -> None:
         st = self.backend.staging()

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from wcached.errors import ProtocolError
-from wcached.memory.base import Hasher, MemoryBackend, SegmentWriter
+from wcached.memory.base import Hasher, MemoryBackend, SegmentWriter, preadv_full
 
 if TYPE_CHECKING:
     import torch
@@ -56,6 +56,21 @@ class HostSegmentWriter(SegmentWriter):
                 hasher.update(dst[:got])
             done += got
         return done
+
+    def write_run(
+        self,
+        src_fd: int,
+        file_offset: int,
+        pieces: Sequence[tuple[int, int]],
+        hashers: Sequence[Hasher | None],
+    ) -> int:
+        # One scattered read straight into the tensors' places.
+        views = [self._view[o : o + n] for o, n in pieces]
+        got = preadv_full(src_fd, views, file_offset)
+        for view, hasher in zip(views, hashers, strict=True):
+            if hasher is not None:
+                hasher.update(view)
+        return got
 
     def write_bytes(self, offset: int, data: memoryview, hasher: Hasher | None) -> None:
         self._view[offset : offset + len(data)] = data
