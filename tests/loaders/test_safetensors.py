@@ -7,6 +7,7 @@ import struct
 from pathlib import Path
 
 import pytest
+import xxhash
 
 from tests.helpers import as_bytes, load_reference, multi_dtype_tensors, write_sharded
 from wcached.config import ModelConfig
@@ -51,8 +52,11 @@ def test_fill_matches_load_file_and_reports_progress(tmp_path: Path) -> None:
         assert t.offset + t.nbytes <= filled.manifest.segments[t.segment].nbytes
         assert len(t.digest) == 32
     views = _views(filled)
+    digests = {t.name: t.digest for t in filled.manifest.tensors}
     for name, ref in load_reference(ckpt).items():
         assert torch.equal(as_bytes(views[name]), as_bytes(ref)), name
+        assert digests[name] == xxhash.xxh3_128(bytes(as_bytes(ref).tolist())).hexdigest(), name
+    assert filled.manifest.attrs == {"digest": "xxh3_128"}
     assert progress[-1] == filled.manifest.total_bytes
     assert filled.manifest.key.fingerprint == checkpoint_fingerprint(str(ckpt))
 

@@ -6,6 +6,7 @@ reason wcached's attach beats per-tensor CUDA IPC by an order of magnitude).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -61,3 +62,21 @@ class FilledModel:
     manifest: Manifest
     fds: list[int]
     fill_seconds: float
+    # Seconds per phase ("headers", "allocate", "copy", ...), for the log.
+    phases: dict[str, float] = field(default_factory=dict)
+
+
+class PhaseClock:
+    """Seconds spent in consecutive phases of a fill."""
+
+    def __init__(self) -> None:
+        self.start = self.last = time.monotonic()
+        self.phases: dict[str, float] = {}
+
+    def lap(self, name: str) -> None:
+        now = time.monotonic()
+        self.phases[name] = round(self.phases.get(name, 0.0) + now - self.last, 4)
+        self.last = now
+
+    def total(self) -> float:
+        return time.monotonic() - self.start

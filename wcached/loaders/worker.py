@@ -54,6 +54,12 @@ def run(chan: Channel) -> None:
                 chan.send(FillProgress(model=name, done_bytes=done, total_bytes=0))
 
         filled = get_loader(model.loader).fill(model, backend, job.instance, progress)
+        log.info(
+            "%s filled in %.2f s: %s",
+            model.name,
+            filled.fill_seconds,
+            ", ".join(f"{k} {v:.2f} s" for k, v in filled.phases.items()),
+        )
         try:
             chan.send(
                 ModelFilled(

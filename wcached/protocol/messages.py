@@ -39,7 +39,7 @@ class TensorInfo(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     nbytes: int
     kind: str = "param"  # "param" or "buffer"
     alias_of: str | None = None  # tied weight: shares the named tensor's storage
-    digest: str = ""  # blake2b-128 hex of the bytes, "" when not computed
+    digest: str = ""  # xxh3-128 hex of the bytes (see Manifest.attrs["digest"]), "" if none
 
 
 class Manifest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
