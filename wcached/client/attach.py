@@ -115,9 +115,10 @@ def _gc_paused() -> Iterator[None]:
 def build_views(manifest: Manifest, segments: list[torch.Tensor]) -> dict[str, torch.Tensor]:
     """One view per manifest entry into the segments' byte tensors (no copy).
 
-    Each view is a single ``as_strided`` over a typed view of its segment,
-    made once per (segment, dtype): per-tensor cost is what bounds attach for
-    checkpoints of many small tensors.
+    Per-tensor cost is what bounds attach for checkpoints of many small
+    tensors (MoE experts), so views are made over a typed view of each
+    segment, and a run of same-shaped tensors at evenly spaced offsets (the
+    experts of a layer) becomes one strided view split by ``unbind`` in C++.
     """
     import torch
 
@@ -125,7 +126,11 @@ def build_views(manifest: Manifest, segments: list[torch.Tensor]) -> dict[str, t
     # (segment, dtype) -> (typed view of the segment, itemsize, size in bytes)
     typed: dict[tuple[int, str], tuple[torch.Tensor, int, int]] = {}
     views: dict[str, torch.Tensor] = {}
-    for t in manifest.tensors:
+    entries = manifest.tensors
+    n = len(entries)
+    i = 0
+    while i < n:
+        t = entries[i]
         entry = typed.get((t.segment, t.dtype))
         if entry is None:
             entry = typed[(t.segment, t.dtype)] = _typed_segment(segments, t)
@@ -133,7 +138,35 @@ def build_views(manifest: Manifest, segments: list[torch.Tensor]) -> dict[str, t
         offset = t.offset
         if offset % size or offset < 0 or offset + t.nbytes > limit:
             raise ProtocolError(f"tensor {t.name!r} lies outside segment {t.segment}")
-        views[t.name] = as_strided(base, t.shape, t.stride, offset // size)
+        # Extend a run of identical layouts at a constant step.
+        j = i + 1
+        step = 0
+        if t.nbytes and j < n:
+            u = entries[j]
+            step = u.offset - offset
+            while (
+                j < n
+                and (u := entries[j]).segment == t.segment
+                and u.dtype == t.dtype
+                and u.shape == t.shape
+                and u.stride == t.stride
+                and u.offset == offset + (j - i) * step
+            ):
+                j += 1
+        count = j - i
+        if (
+            count > 1
+            and step >= t.nbytes
+            and step % size == 0
+            and offset + (count - 1) * step + t.nbytes <= limit
+        ):
+            block = as_strided(base, (count, *t.shape), (step // size, *t.stride), offset // size)
+            for name_entry, view in zip(entries[i:j], block.unbind(0), strict=True):
+                views[name_entry.name] = view
+            i = j
+        else:
+            views[t.name] = as_strided(base, t.shape, t.stride, offset // size)
+            i += 1
     return views
 
 
