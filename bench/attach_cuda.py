@@ -186,7 +186,7 @@ def fill_seconds(socket_dir: str) -> float:
         return c.status().models[0].fill_seconds
 
 
-def bench_checkpoint(name: str, ckpt: Path, rounds: int, read_threads: int) -> dict:
+def bench_checkpoint(name: str, ckpt: Path, rounds: int, read_threads: int | str) -> dict:
     import torch
 
     from wcached.client import attach
@@ -294,7 +294,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--only", choices=["a", "b"])
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--read-threads", type=int, default=8)
+    p.add_argument("--read-threads", default="auto")
     p.add_argument("--data", default=str(DATA))
     args = p.parse_args()
     data = Path(args.data)
@@ -310,7 +310,8 @@ def main() -> None:
         t0 = time.perf_counter()
         generate(ckpt, shapes(), shards)
         print(f"{name}: checkpoint ready in {time.perf_counter() - t0:.1f}s", flush=True)
-        results[name] = bench_checkpoint(name, ckpt, args.rounds, args.read_threads)
+        threads = args.read_threads if args.read_threads == "auto" else int(args.read_threads)
+        results[name] = bench_checkpoint(name, ckpt, args.rounds, threads)
         print(json.dumps(results[name], indent=1), flush=True)
     text = table(results) + (
         "\n\nTargets: attach <= 10 ms (a), <= 25 ms (b); >= 10x faster than legacy IPC on (b); "

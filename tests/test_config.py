@@ -39,6 +39,7 @@ def test_good_config_resolves_relative_paths_and_instances(tmp_path: Path) -> No
     assert cfg.daemon.socket_dir == str(tmp_path / "run")
     assert cfg.model[0].path == str(tmp_path / "models" / "llama")
     assert cfg.model[1].segment_bytes == 512 << 20
+    assert 1 <= cfg.model[1].reader_count <= 16  # "auto"
     s0 = instance_settings(cfg, "cpu0")
     assert [m.name for m in s0.models] == ["llama", "small"]
     assert s0.connection_timeout_s == 10.0
@@ -75,6 +76,8 @@ def test_instance_table_matches_gpu_alias(tmp_path: Path) -> None:
         ('[instance."cpu0"]\ncolour = 1\n', "instance.cpu0.colour", "unknown key"),
         ('[[model]]\nname = "a"\npath = "p"\nextra_key = 1\n', "model[0].extra_key", "unknown key"),
         ("source = 'x'\n", "source", "unknown key"),
+        ('[[model]]\nname = "a"\npath = "p"\nread_threads = "many"\n', "model[0].read_threads", "Invalid"),
+        ('[[model]]\nname = "a"\npath = "p"\nread_threads = 0\n', "model[0].read_threads", ">= 1"),
     ],
 )
 def test_mistakes_name_file_and_key(tmp_path: Path, text: str, key: str, problem: str) -> None:

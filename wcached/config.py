@@ -67,13 +67,20 @@ class ModelConfig(_Table):
     # "header": names, sizes and safetensors headers; "content": hash every byte.
     fingerprint: Literal["header", "content"] = "header"
     digest: bool = True
-    read_threads: int = 4
+    # Threads reading the checkpoint; "auto" = one per core, at most 16.
+    read_threads: int | Literal["auto"] = "auto"
     # Tied weights the checkpoint stores once: alias name -> stored tensor name.
     aliases: dict[str, str] = {}
 
     @property
     def segment_bytes(self) -> int:
         return parse_size(self.segment_size, "segment_size")
+
+    @property
+    def reader_count(self) -> int:
+        if self.read_threads == "auto":
+            return max(1, min(16, os.cpu_count() or 1))
+        return self.read_threads
 
 
 class InstanceConfig(_Table):
@@ -236,7 +243,7 @@ def _check(cfg: Config, path: str) -> None:
         if a < 1 or a & (a - 1) or a > (2 << 20):
             raise ConfigError(path, f"{key}.alignment", f"must be a power of two <= 2MiB, got {a}")
         parse_size(m.segment_size, f"{key}.segment_size", path)
-        if m.read_threads < 1:
+        if m.read_threads != "auto" and m.read_threads < 1:
             raise ConfigError(path, f"{key}.read_threads", "must be >= 1")
     for name, inst in cfg.instance.items():
         for j, model_name in enumerate(inst.models or []):

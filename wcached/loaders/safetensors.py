@@ -343,7 +343,7 @@ class SafetensorsLoader:
             runs = _runs(
                 tensors, placements, [d is not t.dtype for d, t in zip(out_dtypes, tensors, strict=True)]
             )
-            with concurrent.futures.ThreadPoolExecutor(model.read_threads) as pool:
+            with concurrent.futures.ThreadPoolExecutor(model.reader_count) as pool:
                 # File order: the threads' reads stay close together, which is
                 # what a cold disk and its readahead do best with.
                 for _ in pool.map(copy, runs):

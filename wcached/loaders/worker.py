@@ -42,6 +42,7 @@ def run(chan: Channel) -> None:
     if not isinstance(job, FillJob):
         raise WcacheError(f"worker expected a fill job, got {type(job).__name__}")
     backend = get_backend(job.backend, job.instance)
+    backend.prepare_fill()
     for raw in job.models:
         model = msgspec.convert(raw, ModelConfig)
         last = 0.0

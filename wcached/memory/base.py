@@ -22,8 +22,10 @@ if TYPE_CHECKING:
     from wcached.protocol.messages import SegmentInfo
 
 
-# The most bytes one write_run() copies: a staging buffer's worth.
-MAX_RUN_BYTES = 64 << 20
+# The most bytes one write_run() copies: a staging buffer's worth. Small
+# enough that pinning every thread's buffers stays cheap, large enough for
+# full-speed reads and DMA.
+MAX_RUN_BYTES = 16 << 20
 
 
 class Hasher(Protocol):
@@ -105,6 +107,9 @@ class MemoryBackend(abc.ABC):
 
     @abc.abstractmethod
     def map_segments(self, fds: Sequence[int], infos: Sequence[SegmentInfo]) -> MappedSegments: ...
+
+    def prepare_fill(self) -> None:  # noqa: B027 - an optional hook
+        """One-time setup before filling (a CUDA context); nothing by default."""
 
     def round_up(self, nbytes: int) -> int:
         g = self.granularity

@@ -33,10 +33,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("wcached.cuda")
 
 # Staging: each filling thread owns STAGING_BUFFERS pinned buffers of
-# STAGING_CHUNK bytes, so host memory in use is threads x 2 x 64 MiB, never a
+# STAGING_CHUNK bytes, so host memory in use is threads x 3 x 16 MiB, never a
 # second copy of the model.
 STAGING_CHUNK = MAX_RUN_BYTES
-STAGING_BUFFERS = 2
+STAGING_BUFFERS = 3
 
 _init_lock = threading.Lock()
 _initialized = False
@@ -316,12 +316,19 @@ class CudaBackend(MemoryBackend):
         self._local = threading.local()
         self._stagings: list[_Staging] = []
         self._lock = threading.Lock()
+        self._owns_context = False
+
+    def prepare_fill(self) -> None:
+        """Create the CUDA context (worker side) before any fill is timed."""
+        self._owns_context = True
+        self._context()
 
     # -- loader-worker side -----------------------------------------------
 
     def _context(self) -> Any:
         if self._ctx is None:
             self._ctx = check(self.cu.cuDevicePrimaryCtxRetain(self._dev), "cuDevicePrimaryCtxRetain")
+            self._owns_context = True
         check(self.cu.cuCtxSetCurrent(self._ctx), "cuCtxSetCurrent")
         return self._ctx
 
