@@ -192,3 +192,15 @@ def test_truncation_during_fill_names_the_tensor(tmp_path: Path, monkeypatch) ->
         f.truncate(os.path.getsize(shard) - 300)
     with pytest.raises(FillError, match=r"truncated: tensor 'b' ended after 212 of 256 bytes"):
         _fill(ModelConfig(name="m", path=str(ckpt)))
+
+
+def test_streams_cut_runs_in_file_order_by_bytes() -> None:
+    from wcached.loaders.safetensors import _split_streams
+
+    runs = [[i] for i in range(8)]
+    streams = _split_streams(runs, [10, 10, 10, 10, 40, 10, 5, 5], 3)
+    assert [r for s in streams for r in s] == runs  # every run once, in order
+    assert len(streams) == 3
+    assert streams[0] == [[0], [1], [2], [3]]
+    assert _split_streams([], [], 4) == []
+    assert len(_split_streams(runs, [1] * 8, 16)) == 8

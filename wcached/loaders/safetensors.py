@@ -309,49 +309,68 @@ class SafetensorsLoader:
         digests = [""] * len(tensors)
         done = 0
         lock = threading.Lock()
-        src_fds: dict[str, int] = {}
-        try:
-            for cf in ckpt.files:
-                fd = os.open(cf.path, os.O_RDONLY | os.O_CLOEXEC)
-                src_fds[cf.path] = fd
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
 
-            def copy(run: list[int]) -> None:
-                nonlocal done
-                first = tensors[run[0]]
-                w = writers[placements[run[0]].segment]
-                fd = src_fds[first.file]
-                hashers = [xxhash.xxh3_128() if want_digest else None for _ in run]
-                if out_dtypes[run[0]] is not first.dtype:
-                    w.write_bytes(placements[run[0]].offset, _cast(fd, first, out_dtypes[run[0]]), hashers[0])
-                elif len(run) == 1:
-                    p = placements[run[0]]
-                    got = w.write_from_file(fd, first.data_start, p.offset, first.nbytes, hashers[0])
-                    _check_complete(first, got)
-                else:
-                    pieces = [(placements[i].offset, tensors[i].nbytes) for i in run]
-                    got = w.write_run(fd, first.data_start, pieces, hashers)
-                    for i in run:  # name the first tensor the file ended inside
-                        t = tensors[i]
-                        _check_complete(t, got - (t.data_start - first.data_start))
-                for i, h in zip(run, hashers, strict=True):
-                    digests[i] = h.hexdigest() if h is not None else ""
-                with lock:
-                    done += sum(tensors[i].nbytes for i in run)
-                    progress(done)
+        def copy(run: list[int], fd: int) -> None:
+            nonlocal done
+            first = tensors[run[0]]
+            w = writers[placements[run[0]].segment]
+            hashers = [xxhash.xxh3_128() if want_digest else None for _ in run]
+            if out_dtypes[run[0]] is not first.dtype:
+                w.write_bytes(placements[run[0]].offset, _cast(fd, first, out_dtypes[run[0]]), hashers[0])
+            elif len(run) == 1:
+                p = placements[run[0]]
+                got = w.write_from_file(fd, first.data_start, p.offset, first.nbytes, hashers[0])
+                _check_complete(first, got)
+            else:
+                pieces = [(placements[i].offset, tensors[i].nbytes) for i in run]
+                got = w.write_run(fd, first.data_start, pieces, hashers)
+                for i in run:  # name the first tensor the file ended inside
+                    t = tensors[i]
+                    _check_complete(t, got - (t.data_start - first.data_start))
+            for i, h in zip(run, hashers, strict=True):
+                digests[i] = h.hexdigest() if h is not None else ""
+            with lock:
+                done += sum(tensors[i].nbytes for i in run)
+                progress(done)
 
-            runs = _runs(
-                tensors, placements, [d is not t.dtype for d, t in zip(out_dtypes, tensors, strict=True)]
-            )
-            with concurrent.futures.ThreadPoolExecutor(model.reader_count) as pool:
-                # File order: the threads' reads stay close together, which is
-                # what a cold disk and its readahead do best with.
-                for _ in pool.map(copy, runs):
-                    pass
-            return digests
-        finally:
-            for fd in src_fds.values():
-                os.close(fd)
+        def stream(runs: list[list[int]]) -> None:
+            # A stream reads its stretch of the checkpoint front to back
+            # through fds of its own, so the kernel's readahead sees one
+            # sequential reader per thread rather than interleaved chunks.
+            fds: dict[str, int] = {}
+            try:
+                for run in runs:
+                    path = tensors[run[0]].file
+                    fd = fds.get(path)
+                    if fd is None:
+                        fd = fds[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+                    copy(run, fd)
+            finally:
+                for fd in fds.values():
+                    os.close(fd)
+
+        cast = [d is not t.dtype for d, t in zip(out_dtypes, tensors, strict=True)]
+        runs = _runs(tensors, placements, cast)
+        streams = _split_streams(runs, [sum(tensors[i].nbytes for i in r) for r in runs], model.reader_count)
+        with concurrent.futures.ThreadPoolExecutor(len(streams) or 1) as pool:
+            for _ in pool.map(stream, streams):
+                pass
+        return digests
+
+
+def _split_streams(runs: list[list[int]], sizes: list[int], count: int) -> list[list[list[int]]]:
+    """Cut the runs, in file order, into ``count`` stretches of about equal bytes."""
+    target = max(1, sum(sizes) // max(count, 1))
+    streams: list[list[list[int]]] = [[]]
+    filled = 0
+    for run, size in zip(runs, sizes, strict=True):
+        if filled >= target and len(streams) < count:
+            streams.append([])
+            filled = 0
+        streams[-1].append(run)
+        filled += size
+    return [s for s in streams if s]
 
 
 def _check_complete(t: StoredTensor, got: int) -> None:
