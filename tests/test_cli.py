@@ -38,3 +38,17 @@ def test_status_without_daemons(cpu_config: Path, capsys) -> None:
     assert "no daemon sockets" in capsys.readouterr().out
     assert main(["status", "cpu3", "--config", str(cpu_config), "--json"]) == 3
     assert '"state": "down"' in capsys.readouterr().out
+
+
+def test_doctor_reports_a_good_config_and_a_missing_checkpoint(
+    cpu_config: Path, tmp_path: Path, capsys
+) -> None:
+    assert main(["doctor", "--config", str(cpu_config)]) == 0
+    out = capsys.readouterr().out
+    assert "ok    msgspec" in out and "ok    model default: 16 tensors" in out
+    assert "no problems found" in out
+    missing = tmp_path / "w.toml"
+    missing.write_text(f'[[model]]\nname = "m"\npath = "{tmp_path / "none"}"\n')
+    assert main(["doctor", "--config", str(missing)]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL  model m:" in out and "fix: put the checkpoint at" in out

@@ -1,4 +1,4 @@
-"""Command line: serve | status | release | check-config."""
+"""Command line: serve | status | release | check-config | doctor."""
 
 from __future__ import annotations
 
@@ -56,6 +56,7 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("--timeout", type=float, default=5.0)
 
     add("check-config", "validate the config file and print what each instance serves", _check_config)
+    add("doctor", "say what this host lacks to run wcached, and how to fix it", _doctor)
     return p
 
 
@@ -63,6 +64,12 @@ def _serve(args: argparse.Namespace) -> int:
     from wcached.daemon.service import serve
 
     return serve(args.instance, args.config)
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from wcached.doctor import run
+
+    return run(args.config)
 
 
 def _check_config(args: argparse.Namespace) -> int:

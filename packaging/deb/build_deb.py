@@ -1,0 +1,107 @@
+"""Build wcached_<version>_all.deb with dpkg-deb, offline.
+
+The package ships the pure-Python ``wcached`` package in /usr/lib/wcached and a
+launcher that runs it with the interpreter /etc/default/wcached names, so a host
+whose torch / vLLM live in a virtualenv points wcached there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+from email.utils import formatdate
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+HERE = REPO / "packaging" / "deb"
+UNITS = REPO / "packaging" / "systemd"
+
+
+def version() -> str:
+    text = (REPO / "wcached" / "__init__.py").read_text()
+    return re.search(r'__version__ = "([^"]+)"', text).group(1)
+
+
+def put(root: Path, rel: str, data: bytes, mode: int = 0o644) -> None:
+    path = root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    path.chmod(mode)
+
+
+def gz(data: bytes) -> bytes:
+    # mtime 0 and no name: reproducible (lintian: package-contains-timestamped-gzip).
+    return gzip.compress(data, compresslevel=9, mtime=0)
+
+
+def build(out_dir: Path, work: Path) -> Path:
+    ver = version()
+    root = work / "root"
+    if root.exists():
+        shutil.rmtree(root)
+    for src in sorted((REPO / "wcached").rglob("*.py")):
+        put(root, f"usr/lib/wcached/{src.relative_to(REPO)}", src.read_bytes())
+    put(root, "usr/bin/wcached", (HERE / "wcached.sh").read_bytes(), 0o755)
+    put(root, "usr/lib/systemd/system/wcached@.service", (UNITS / "wcached@.service").read_bytes())
+    put(root, "usr/lib/systemd/system/wcached.target", (UNITS / "wcached.target").read_bytes())
+    put(root, "usr/lib/sysusers.d/wcached.conf", (UNITS / "wcached.sysusers").read_bytes())
+    put(root, "usr/lib/tmpfiles.d/wcached.conf", (UNITS / "wcached.tmpfiles").read_bytes())
+    put(root, "etc/wcache/wcached.toml", (REPO / "etc" / "wcache" / "wcached.toml").read_bytes())
+    put(root, "etc/default/wcached", (UNITS / "wcached.default").read_bytes())
+    doc = "usr/share/doc/wcached"
+    put(root, f"{doc}/copyright", (HERE / "copyright").read_bytes())
+    put(root, f"{doc}/README.md.gz", gz((REPO / "README.md").read_bytes()))
+    changelog = (
+        f"wcached ({ver}) unstable; urgency=medium\n\n  * Release {ver}.\n\n"
+        f" -- wcached developers <wcached@example.org>  {formatdate(0)}\n"
+    )
+    put(root, f"{doc}/changelog.Debian.gz", gz(changelog.encode()))
+    man = (HERE / "wcached.1").read_text().replace("@VERSION@", ver)
+    put(root, "usr/share/man/man1/wcached.1.gz", gz(man.encode()))
+
+    files = sorted(p for p in root.rglob("*") if p.is_file())
+    size_kib = sum((p.stat().st_size + 1023) // 1024 for p in files)
+    debian = root / "DEBIAN"
+    control = (HERE / "control.in").read_text().replace("@VERSION@", ver).replace("@SIZE@", str(size_kib))
+    put(root, "DEBIAN/control", control.encode())
+    put(root, "DEBIAN/conffiles", (HERE / "conffiles").read_bytes())
+    for script in ("postinst", "prerm", "postrm"):
+        put(root, f"DEBIAN/{script}", (HERE / script).read_bytes(), 0o755)
+    md5 = "".join(
+        f"{hashlib.md5(p.read_bytes()).hexdigest()}  {p.relative_to(root)}\n"
+        for p in files
+        if not str(p.relative_to(root)).startswith("etc/")
+    )
+    put(root, "DEBIAN/md5sums", md5.encode())
+    for d in [root, *(p for p in root.rglob("*") if p.is_dir())]:
+        d.chmod(0o755)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    deb = out_dir / f"wcached_{ver}_all.deb"
+    env = dict(os.environ, SOURCE_DATE_EPOCH="0")
+    subprocess.run(
+        ["dpkg-deb", "--root-owner-group", "-Zxz", "--build", str(root), str(deb)],
+        check=True,
+        env=env,
+        stdout=subprocess.DEVNULL,
+    )
+    assert debian.is_dir()
+    return deb
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default=str(REPO / "dist"))
+    p.add_argument("--work", default=str(REPO / "build" / "deb"))
+    args = p.parse_args()
+    print(build(Path(args.out), Path(args.work)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
