@@ -87,9 +87,8 @@ def check_models(r: Report, cfg) -> None:
             r.fail(f"model {m.name}: {e}", f"put the checkpoint at {m.path} or fix model.path")
             continue
         size = sum(t.nbytes for t in ckpt.tensors)
-        r.ok(
-            f"model {m.name}: {len(ckpt.tensors)} tensors, {size / 2**30:.2f} GiB in {len(ckpt.files)} file(s)"
-        )
+        files = len(ckpt.files)
+        r.ok(f"model {m.name}: {len(ckpt.tensors)} tensors, {size / 2**30:.2f} GiB in {files} file(s)")
 
 
 def check_service_user(r: Report, cfg) -> None:
