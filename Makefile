@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 # The CPU build; on these machines pip takes it from a local wheel.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: run test test-gpu lint format bench bench-gpu clean venv
+.PHONY: run test test-gpu lint format bench bench-gpu clean venv deb
 
 venv: $(VENV)/.installed
 
@@ -27,13 +27,15 @@ test: venv
 test-gpu: venv
 	$(PY) -m pytest -q -m gpu
 
+LINTED := wcached tests bench packaging
+
 lint: venv
-	$(VENV)/bin/ruff check wcached tests bench
-	$(VENV)/bin/ruff format --check wcached tests bench
+	$(VENV)/bin/ruff check $(LINTED)
+	$(VENV)/bin/ruff format --check $(LINTED)
 
 format: venv
-	$(VENV)/bin/ruff check --fix wcached tests bench
-	$(VENV)/bin/ruff format wcached tests bench
+	$(VENV)/bin/ruff check --fix $(LINTED)
+	$(VENV)/bin/ruff format $(LINTED)
 
 bench: venv
 	cd bench && ../$(PY) attach_host.py
@@ -41,5 +43,9 @@ bench: venv
 bench-gpu:
 	python3 bench/attach_cuda.py
 
+# wcached_<version>_all.deb in dist/, with dpkg-deb, offline.
+deb:
+	python3 packaging/deb/build_deb.py --out dist
+
 clean:
-	rm -rf build bench/data .pytest_cache
+	rm -rf build dist bench/data .pytest_cache

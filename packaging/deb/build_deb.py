@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from email.utils import formatdate
 from pathlib import Path
 
@@ -35,8 +36,21 @@ def put(root: Path, rel: str, data: bytes, mode: int = 0o644) -> None:
     path.chmod(mode)
 
 
+def build_epoch() -> int:
+    """The last commit's time: reproducible builds, and no 1970 timestamps."""
+    if "SOURCE_DATE_EPOCH" in os.environ:
+        return int(os.environ["SOURCE_DATE_EPOCH"])
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(REPO), "log", "-1", "--format=%ct"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        return int(out)
+    except (OSError, subprocess.CalledProcessError, ValueError):
+        return int(time.time())
+
+
 def gz(data: bytes) -> bytes:
-    # mtime 0 and no name: reproducible (lintian: package-contains-timestamped-gzip).
+    # No name and a fixed mtime (lintian: package-contains-timestamped-gzip).
     return gzip.compress(data, compresslevel=9, mtime=0)
 
 
@@ -57,11 +71,14 @@ def build(out_dir: Path, work: Path) -> Path:
     doc = "usr/share/doc/wcached"
     put(root, f"{doc}/copyright", (HERE / "copyright").read_bytes())
     put(root, f"{doc}/README.md.gz", gz((REPO / "README.md").read_bytes()))
+    epoch = build_epoch()
     changelog = (
         f"wcached ({ver}) unstable; urgency=medium\n\n  * Release {ver}.\n\n"
-        f" -- wcached developers <wcached@example.org>  {formatdate(0)}\n"
+        f" -- wcached developers <wcached@example.org>  {formatdate(epoch)}\n"
     )
-    put(root, f"{doc}/changelog.Debian.gz", gz(changelog.encode()))
+    # A native package (no Debian revision): changelog.gz, not changelog.Debian.gz.
+    put(root, f"{doc}/changelog.gz", gz(changelog.encode()))
+    put(root, "usr/share/lintian/overrides/wcached", (HERE / "lintian-overrides").read_bytes())
     man = (HERE / "wcached.1").read_text().replace("@VERSION@", ver)
     put(root, "usr/share/man/man1/wcached.1.gz", gz(man.encode()))
 
@@ -83,7 +100,9 @@ def build(out_dir: Path, work: Path) -> Path:
         d.chmod(0o755)
     out_dir.mkdir(parents=True, exist_ok=True)
     deb = out_dir / f"wcached_{ver}_all.deb"
-    env = dict(os.environ, SOURCE_DATE_EPOCH="0")
+    for p in [root, *root.rglob("*")]:
+        os.utime(p, (epoch, epoch), follow_symlinks=False)
+    env = dict(os.environ, SOURCE_DATE_EPOCH=str(epoch))
     subprocess.run(
         ["dpkg-deb", "--root-owner-group", "-Zxz", "--build", str(root), str(deb)],
         check=True,

@@ -1,0 +1,341 @@
+"""Runs as root inside the booted test container (systemd is PID 1).
+
+Installs the .deb and exercises the units the way an operator would; every
+check is recorded by name in /wcache-test/results.json for the host-side test
+to assert. Standard library only, plus the wcached package the .deb installs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import stat
+import subprocess
+import sys
+import time
+import traceback
+
+SHARE = "/wcache-test"
+DEB = f"{SHARE}/wcached.deb"
+RESULTS: list[dict] = []
+
+
+def sh(cmd: str, check: bool = False, timeout: float = 120) -> subprocess.CompletedProcess:
+    r = subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=timeout)
+    with open(f"{SHARE}/commands.log", "a") as log:
+        log.write(f"$ {cmd}\n[rc={r.returncode}]\n{r.stdout}{r.stderr}\n")
+    if check and r.returncode != 0:
+        raise AssertionError(f"{cmd!r} exited {r.returncode}: {r.stdout}{r.stderr}")
+    return r
+
+
+def record(name: str, ok: bool, detail: str = "") -> None:
+    RESULTS.append({"name": name, "ok": bool(ok), "detail": detail[-3000:]})
+    with open(f"{SHARE}/results.json", "w") as f:
+        json.dump(RESULTS, f, indent=1)
+
+
+def check(name: str):
+    def wrap(fn):
+        try:
+            out = fn()
+            record(name, True, out or "")
+        except Exception as e:
+            record(name, False, f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
+
+    return wrap
+
+
+def prop(unit: str, name: str) -> str:
+    return sh(f"systemctl show -p {name} --value {unit}").stdout.strip()
+
+
+def wait_for(pred, timeout: float, what: str, step: float = 0.1):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(step)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def connects(path: str) -> bool:
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.connect(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+CLIENT = """
+import sys
+sys.path.insert(0, "/usr/lib/wcached")
+from wcached.client import DaemonConnection, PermissionRefused
+from wcached.protocol.messages import Attach, Attached
+from wcached.protocol.wire import close_fds
+try:
+    with DaemonConnection(sys.argv[1]) as c:
+        reply = c.request(Attach(model="default"))
+        assert isinstance(reply, Attached), reply
+        fds = c.chan.recv_fds(reply.fd_count)
+        print("attached", len(reply.manifest.tensors), "tensors", len(fds), "fds")
+        close_fds(fds)
+except PermissionRefused as e:
+    print("refused:", e)
+"""
+
+
+def run_client_as(user: str, sock: str) -> str:
+    with open("/tmp/client.py", "w") as f:
+        f.write(CLIENT)
+    r = sh(f"setpriv --reuid={user} --regid={user} --init-groups python3 /tmp/client.py {sock}")
+    return (r.stdout + r.stderr).strip()
+
+
+CONFIG = """
+[daemon]
+socket_dir = "/run/wcache"
+allowed_groups = ["wcache"]
+connection_timeout_s = 5.0
+
+[[model]]
+name = "default"
+path = "/var/lib/wcache/demo/model"
+"""
+
+
+def main() -> None:
+    open(f"{SHARE}/commands.log", "w").close()
+
+    @check("install")
+    def _():
+        sh(f"dpkg -i {DEB}", check=True)
+        assert os.path.exists("/usr/bin/wcached")
+        assert sh("getent passwd wcache").returncode == 0
+        st = os.stat("/run/wcache")
+        assert stat.S_IMODE(st.st_mode) == 0o750, oct(st.st_mode)
+        return sh("wcached --version", check=True).stdout
+
+    @check("lintian")
+    def _():
+        r = sh(f"lintian --fail-on error,warning --suppress-tags-from-file /dev/null {DEB}", timeout=300)
+        assert r.returncode == 0 and not r.stdout.strip(), r.stdout + r.stderr
+        return "lintian: no errors or warnings"
+
+    @check("systemd_analyze_verify")
+    def _():
+        r = sh(
+            "systemd-analyze verify /usr/lib/systemd/system/wcached@.service "
+            "/usr/lib/systemd/system/wcached.target"
+        )
+        out = (r.stdout + r.stderr).strip()
+        assert r.returncode == 0 and not out, out
+        r = sh("systemd-analyze verify wcached@cpu0.service")
+        out = (r.stdout + r.stderr).strip()
+        assert r.returncode == 0 and not out, out
+
+    @check("security_rating")
+    def _():
+        sh("cp /usr/lib/systemd/system/wcached@.service /tmp/wcached@cpu0.service", check=True)
+        r = sh("systemd-analyze security --offline=yes --no-pager /tmp/wcached@cpu0.service")
+        m = re.search(r"Overall exposure level for \S+: ([0-9.]+)", r.stdout + r.stderr)
+        assert m, r.stdout + r.stderr
+        assert float(m.group(1)) <= 2.5, r.stdout
+        return m.group(0)
+
+    @check("doctor")
+    def _():
+        sh(
+            "PYTHONPATH=/usr/lib/wcached python3 -m wcached.demo --dir /var/lib/wcache/demo --generate-only",
+            check=True,
+        )
+        with open("/etc/wcache/wcached.toml", "w") as f:
+            f.write(CONFIG)
+        r = sh("wcached doctor")
+        assert r.returncode == 0 and "no problems found" in r.stdout, r.stdout + r.stderr
+        return r.stdout
+
+    @check("start_cpu0_ready_then_socket")
+    def _():
+        sh("systemctl start --no-block wcached@cpu0", check=True)
+        seen = set()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            state = prop("wcached@cpu0", "ActiveState")
+            seen.add(state)
+            if state == "active":
+                # Active only once READY=1 came, which is sent after bind.
+                assert connects("/run/wcache/cpu0.sock"), "active but the socket does not accept"
+                break
+            if state == "failed":
+                raise AssertionError(sh("journalctl -u wcached@cpu0 --no-pager").stdout)
+            time.sleep(0.02)
+        assert "active" in seen, seen
+        return f"states seen: {sorted(seen)}"
+
+    @check("socket_permissions")
+    def _():
+        st = os.stat("/run/wcache/cpu0.sock")
+        import grp
+
+        assert stat.S_IMODE(st.st_mode) == 0o660, oct(st.st_mode)
+        assert grp.getgrgid(st.st_gid).gr_name == "wcache"
+        return f"{oct(st.st_mode)} group wcache"
+
+    @check("clients_by_group")
+    def _():
+        sh("useradd --create-home --groups wcache engine", check=True)
+        sh("useradd --create-home outsider", check=True)
+        inside = run_client_as("engine", "/run/wcache/cpu0.sock")
+        assert inside.startswith("attached 39 tensors"), inside
+        outside = run_client_as("outsider", "/run/wcache/cpu0.sock")
+        assert outside.startswith("refused:"), outside
+        # Past the filesystem check (socket opened up), SO_PEERCRED refuses too.
+        os.chmod("/run/wcache", 0o755)
+        os.chmod("/run/wcache/cpu0.sock", 0o666)
+        try:
+            peer = run_client_as("outsider", "/run/wcache/cpu0.sock")
+        finally:
+            os.chmod("/run/wcache", 0o750)
+            os.chmod("/run/wcache/cpu0.sock", 0o660)
+        assert peer.startswith("refused:") and "not allowed" in peer, peer
+        return f"{inside}\n{outside}\n{peer}"
+
+    @check("journal_priorities")
+    def _():
+        def has(prio: str, text: str) -> bool:
+            return text in sh(f"journalctl -u wcached@cpu0 -p {prio} --no-pager -o cat").stdout
+
+        wait_for(lambda: has("warning", "not allowed"), 10, "the refusal in the journal")
+        assert has("info", "serving cpu0 on /run/wcache/cpu0.sock")
+        assert not has("warning", "serving cpu0 on")  # info lines are not warnings
+        r = sh("journalctl -u wcached@cpu0 -o json --no-pager")
+        prios = {json.loads(line)["PRIORITY"] for line in r.stdout.splitlines() if '"wcached"' in line}
+        assert {"6", "4"} <= prios, prios
+        return f"priorities seen: {sorted(prios)}"
+
+    @check("cpu1_beside_cpu0")
+    def _():
+        sh("systemctl start wcached@cpu1", check=True)
+        assert prop("wcached@cpu1", "ActiveState") == "active"
+        assert connects("/run/wcache/cpu1.sock")
+        sh("systemctl stop wcached@cpu1", check=True)
+        assert prop("wcached@cpu0", "ActiveState") == "active"
+        assert os.path.isdir("/run/wcache") and connects("/run/wcache/cpu0.sock")
+        assert not os.path.exists("/run/wcache/cpu1.sock")
+
+    @check("config_error_exit_78_no_restart")
+    def _():
+        with open("/etc/wcache/broken.toml", "w") as f:
+            f.write('[daemon]\nsocket_dri = "/run/wcache"\n')
+        os.makedirs("/etc/systemd/system/wcached@cpu2.service.d", exist_ok=True)
+        with open("/etc/systemd/system/wcached@cpu2.service.d/broken.conf", "w") as f:
+            f.write("[Service]\nEnvironment=WCACHED_CONFIG=/etc/wcache/broken.toml\n")
+        sh("systemctl daemon-reload", check=True)
+        sh("systemctl start wcached@cpu2")
+        wait_for(lambda: prop("wcached@cpu2", "ActiveState") == "failed", 20, "cpu2 to fail")
+        time.sleep(5)  # RestartSec=2: a restart loop would show by now
+        status, restarts = prop("wcached@cpu2", "ExecMainStatus"), prop("wcached@cpu2", "NRestarts")
+        assert status == "78" and restarts == "0", (status, restarts)
+        assert prop("wcached@cpu2", "ActiveState") == "failed"
+        log = sh("journalctl -u wcached@cpu2 --no-pager -o cat").stdout
+        assert "broken.toml" in log and "daemon.socket_dri" in log, log
+        return f"ExecMainStatus={status} NRestarts={restarts}"
+
+    @check("watchdog_stall_restarts")
+    def _():
+        os.makedirs("/etc/systemd/system/wcached@cpu3.service.d", exist_ok=True)
+        with open("/etc/systemd/system/wcached@cpu3.service.d/watchdog.conf", "w") as f:
+            f.write("[Service]\nWatchdogSec=2\nTimeoutAbortSec=2\n")
+        sh("systemctl daemon-reload", check=True)
+        sh("systemctl start wcached@cpu3", check=True)
+        time.sleep(3)  # healthy: pings keep it alive past WatchdogSec
+        assert prop("wcached@cpu3", "ActiveState") == "active"
+        pid = prop("wcached@cpu3", "MainPID")
+        os.kill(int(pid), 19)  # SIGSTOP: a wedged daemon
+        wait_for(
+            lambda: (
+                prop("wcached@cpu3", "NRestarts") not in ("0", "")
+                and prop("wcached@cpu3", "ActiveState") == "active"
+            ),
+            40,
+            "a watchdog restart",
+            step=0.5,
+        )
+        new = prop("wcached@cpu3", "MainPID")
+        assert new != pid
+        log = sh("journalctl -u wcached@cpu3 --no-pager -o cat").stdout
+        assert "Watchdog timeout" in log, log
+        sh("systemctl stop wcached@cpu3")
+        return f"pid {pid} -> {new}; NRestarts={prop('wcached@cpu3', 'NRestarts')}"
+
+    @check("target_starts_and_stops_enabled_instances")
+    def _():
+        sh("systemctl enable wcached@cpu0 wcached@cpu1", check=True)
+        sh("systemctl start wcached.target", check=True)
+        assert prop("wcached@cpu1", "ActiveState") == "active"
+        sh("systemctl stop wcached.target", check=True)
+        wait_for(lambda: prop("wcached@cpu0", "ActiveState") == "inactive", 20, "cpu0 to stop")
+        assert prop("wcached@cpu1", "ActiveState") == "inactive"
+        sh("systemctl start wcached.target", check=True)
+        assert prop("wcached@cpu0", "ActiveState") == "active"
+
+    @check("upgrade_restarts_running_instances")
+    def _():
+        before = prop("wcached@cpu0", "MainPID")
+        sh(f"dpkg -i {DEB}", check=True)
+        wait_for(lambda: prop("wcached@cpu0", "ActiveState") == "active", 30, "cpu0 back")
+        after = prop("wcached@cpu0", "MainPID")
+        assert before != after and after != "0", (before, after)
+        with open("/etc/wcache/wcached.toml") as f:
+            assert "/var/lib/wcache/demo/model" in f.read()  # the conffile is kept
+        return f"MainPID {before} -> {after}"
+
+    @check("remove_stops_instances")
+    def _():
+        sh("dpkg -r wcached", check=True)
+        for unit in ("wcached@cpu0", "wcached@cpu1"):
+            state = prop(unit, "ActiveState")
+            assert state in ("inactive", ""), (unit, state)
+        # [w]: keeps pgrep from matching the shell that runs it.
+        assert sh("pgrep -f '[w]cached serve'").returncode == 1
+        assert not os.path.exists("/usr/bin/wcached")
+        assert os.path.exists("/etc/wcache/wcached.toml")  # conffiles stay until purge
+
+    @check("purge_cleans_up")
+    def _():
+        sh("rm -rf /var/lib/wcache/demo", check=True)  # the test's own data
+        sh("rm -rf /etc/systemd/system/wcached@cpu2.service.d /etc/systemd/system/wcached@cpu3.service.d")
+        sh("rm -f /etc/wcache/broken.toml")
+        sh("dpkg -P wcached", check=True)
+        leftovers = [
+            p
+            for p in (
+                "/etc/wcache",
+                "/etc/default/wcached",
+                "/run/wcache",
+                "/var/lib/wcache",
+                "/etc/systemd/system/wcached.target.wants",
+            )
+            if os.path.exists(p)
+        ]
+        assert not leftovers, leftovers
+        assert sh("getent passwd wcache").returncode != 0
+        assert sh("getent group wcache").returncode != 0
+        assert "wcached" not in sh("systemctl list-unit-files 'wcached*' --no-legend").stdout
+
+    record("done", True)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    finally:
+        subprocess.run(["systemctl", "poweroff", "--no-block"])
+    sys.exit(0)

@@ -1,0 +1,184 @@
+"""The .deb under a real systemd: a debootstrapped Debian root booted with
+systemd-nspawn runs tests/packaging/in_container.py as a oneshot unit.
+
+The root (Debian 13, with python3-msgspec, python3-xxhash and lintian) is built
+once and cached in build/nspawn/ (git-ignored); it is booted with
+--volatile=overlay, so every run starts from the pristine tree.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO
+
+NSPAWN_DIR = REPO / "build" / "nspawn"
+ROOTFS = NSPAWN_DIR / "rootfs-trixie"
+TOOLS = NSPAWN_DIR / "tools"
+SUITE = "trixie"
+MIRROR = "http://deb.debian.org/debian"
+PACKAGES = [
+    "systemd",
+    "systemd-sysv",
+    "dbus",
+    "python3",
+    "python3-msgspec",
+    "python3-xxhash",
+    "lintian",
+    # debootstrap does not resolve the virtual perl-openssl-abi-3 lintian needs.
+    "perl-openssl-defaults",
+    "init-system-helpers",
+]
+
+CHECKS = [
+    "install",
+    "lintian",
+    "systemd_analyze_verify",
+    "security_rating",
+    "doctor",
+    "start_cpu0_ready_then_socket",
+    "socket_permissions",
+    "clients_by_group",
+    "journal_priorities",
+    "cpu1_beside_cpu0",
+    "config_error_exit_78_no_restart",
+    "watchdog_stall_restarts",
+    "target_starts_and_stops_enabled_instances",
+    "upgrade_restarts_running_instances",
+    "remove_stops_instances",
+    "purge_cleans_up",
+    "done",
+]
+
+TEST_UNIT = """\
+[Unit]
+Description=wcached package tests
+After=multi-user.target
+
+[Service]
+Type=oneshot
+ExecStart=/usr/bin/python3 /wcache-test/in_container.py
+StandardOutput=append:/wcache-test/stdout.log
+StandardError=append:/wcache-test/stdout.log
+TimeoutStartSec=900
+"""
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(os.getuid() != 0, reason="booting a container needs root"),
+    pytest.mark.skipif(shutil.which("dpkg-deb") is None, reason="needs dpkg-deb (a Debian host)"),
+]
+
+
+def _builder():
+    # packaging/ is not a Python package (and would shadow PyPI's "packaging").
+    spec = importlib.util.spec_from_file_location("build_deb", REPO / "packaging" / "deb" / "build_deb.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, check=True, capture_output=True, text=True, **kw)
+
+
+def _tools() -> Path:
+    """debootstrap and systemd-nspawn unpacked into build/, nothing installed."""
+    x = TOOLS / "x"
+    if (x / "usr" / "bin" / "systemd-nspawn").exists() and (x / "usr" / "sbin" / "debootstrap").exists():
+        return x
+    TOOLS.mkdir(parents=True, exist_ok=True)
+    names = ["debootstrap", "systemd-container", "libsystemd-shared"]
+    r = subprocess.run(["apt-get", "download", *names], cwd=TOOLS, capture_output=True, text=True)
+    if r.returncode != 0:
+        _run(["apt-get", "update"])
+        _run(["apt-get", "download", *names], cwd=TOOLS)
+    for deb in TOOLS.glob("*.deb"):
+        _run(["dpkg-deb", "-x", str(deb), str(x)])
+    return x
+
+
+def _rootfs(x: Path) -> Path:
+    marker = ROOTFS / ".wcached-complete"
+    if marker.exists() and marker.read_text() == " ".join(PACKAGES):
+        return ROOTFS
+    if ROOTFS.exists():
+        shutil.rmtree(ROOTFS)
+    env = dict(os.environ, DEBOOTSTRAP_DIR=str(x / "usr" / "share" / "debootstrap"))
+    r = subprocess.run(
+        [
+            str(x / "usr" / "sbin" / "debootstrap"),
+            "--variant=minbase",
+            f"--include={','.join(PACKAGES)}",
+            SUITE,
+            str(ROOTFS),
+            MIRROR,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    if r.returncode != 0:
+        log = ROOTFS / "debootstrap" / "debootstrap.log"
+        tail = log.read_text()[-3000:] if log.exists() else ""
+        raise RuntimeError(f"debootstrap failed:\n{r.stdout[-2000:]}{r.stderr[-2000:]}\n{tail}")
+    marker.write_text(" ".join(PACKAGES))
+    return ROOTFS
+
+
+@pytest.fixture(scope="module")
+def results() -> dict[str, dict]:
+    x = _tools()
+    root = _rootfs(x)
+    share = Path(tempfile.mkdtemp(prefix="wcached-deb-test-"))
+    share.chmod(0o755)
+    deb = _builder().build(share / "out", share / "work")
+    shutil.copy(deb, share / "wcached.deb")
+    shutil.copy(Path(__file__).with_name("in_container.py"), share / "in_container.py")
+    (share / "wcache-test.service").write_text(TEST_UNIT)
+    env = dict(
+        os.environ,
+        LD_LIBRARY_PATH=str(x / "usr" / "lib" / "x86_64-linux-gnu" / "systemd"),
+        # systemd 257 in the container wants the unified cgroup hierarchy.
+        SYSTEMD_NSPAWN_UNIFIED_HIERARCHY="1",
+    )
+    cmd = [
+        str(x / "usr" / "bin" / "systemd-nspawn"),
+        "-D",
+        str(root),
+        "--volatile=overlay",
+        "--register=no",
+        "--keep-unit",
+        "--console=passive",
+        f"--bind={share}:/wcache-test",
+        f"--bind-ro={share / 'wcache-test.service'}:/etc/systemd/system/wcache-test.service",
+        "-b",
+        "systemd.wants=wcache-test.service",
+    ]
+    boot = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1500)
+    path = share / "results.json"
+    if not path.exists():
+        stdout = (share / "stdout.log").read_text() if (share / "stdout.log").exists() else ""
+        pytest.fail(
+            f"the container produced no results (nspawn rc {boot.returncode}):\n"
+            f"{boot.stdout[-3000:]}\n{boot.stderr[-3000:]}\n{stdout[-3000:]}"
+        )
+    got = {r["name"]: r for r in json.loads(path.read_text())}
+    got["_share"] = {"path": str(share)}
+    return got
+
+
+@pytest.mark.parametrize("name", CHECKS)
+def test_in_booted_container(results: dict[str, dict], name: str) -> None:
+    r = results.get(name)
+    assert r is not None, f"check {name} did not run (see {results['_share']['path']}/commands.log)"
+    assert r["ok"], r["detail"]
