@@ -71,6 +71,16 @@ class ModelConfig(_Table):
     read_threads: int | Literal["auto"] = "auto"
     # Tied weights the checkpoint stores once: alias name -> stored tensor name.
     aliases: dict[str, str] = {}
+    # loader = "vllm": the parallel layout the engines run with; each instance
+    # serving the model is one rank (cpuN -> N unless `ranks` says otherwise),
+    # and all of them meet at `rendezvous` (tcp://host:port) while filling.
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    rendezvous: str = ""
+    ranks: dict[str, int] = {}
+    # Further vLLM EngineArgs that change weights (quantization, revision,
+    # max_model_len, trust_remote_code, ...).
+    engine_args: dict[str, str | int | float | bool] = {}
 
     @property
     def segment_bytes(self) -> int:
@@ -243,6 +253,12 @@ def _check(cfg: Config, path: str) -> None:
         if a < 1 or a & (a - 1) or a > (2 << 20):
             raise ConfigError(path, f"{key}.alignment", f"must be a power of two <= 2MiB, got {a}")
         parse_size(m.segment_size, f"{key}.segment_size", path)
+        if m.tensor_parallel_size < 1 or m.pipeline_parallel_size < 1:
+            raise ConfigError(path, f"{key}.tensor_parallel_size", "parallel sizes must be >= 1")
+        if m.tensor_parallel_size * m.pipeline_parallel_size > 1 and m.loader != "vllm":
+            raise ConfigError(path, f"{key}.tensor_parallel_size", 'parallel layouts need loader = "vllm"')
+        if m.rendezvous and not re.fullmatch(r"tcp://[^:/]+:\d+", m.rendezvous):
+            raise ConfigError(path, f"{key}.rendezvous", f"expected tcp://host:port, got {m.rendezvous!r}")
         if m.read_threads != "auto" and m.read_threads < 1:
             raise ConfigError(path, f"{key}.read_threads", "must be >= 1")
     for name, inst in cfg.instance.items():

@@ -29,6 +29,7 @@ class Loader(Protocol):
 
 _REGISTRY: dict[str, str] = {
     "safetensors": "wcached.loaders.safetensors:SafetensorsLoader",
+    "vllm": "wcached.loaders.vllm:VllmLoader",
 }
 
 

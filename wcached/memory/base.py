@@ -81,6 +81,12 @@ class SegmentWriter(abc.ABC):
         """Copy ``data`` to ``offset``."""
 
     @abc.abstractmethod
+    def copy_from_pointer(self, offset: int, src: int, nbytes: int, hasher: Hasher | None) -> None:
+        """Copy ``nbytes`` at address ``src`` (host, or device where the
+        backend is a device) to ``offset``; used by loaders that build tensors
+        themselves (vLLM)."""
+
+    @abc.abstractmethod
     def finish(self) -> int:
         """Seal or export the segment; returns the fd that now owns it."""
 

@@ -265,6 +265,12 @@ class CudaSegmentWriter(SegmentWriter):
             view[: len(chunk)] = chunk
             st.copy(self.va + offset + start, ptr, len(chunk), event)
 
+    def copy_from_pointer(self, offset: int, src: int, nbytes: int, hasher: Hasher | None) -> None:
+        # Unified addressing: src may be host or device memory.
+        if hasher is not None:
+            raise ValueError("digests of device-resident sources are not computed")
+        check(self.backend.cu.cuMemcpy(self.va + offset, src, nbytes), "cuMemcpy")
+
     def finish(self) -> int:
         cu = self.backend.cu
         self.backend.synchronize()

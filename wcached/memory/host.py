@@ -9,6 +9,7 @@ next engine attaches to.
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import mmap
 import os
@@ -41,6 +42,9 @@ class HostSegmentWriter(SegmentWriter):
             os.close(self.fd)
             raise
         self._view = memoryview(self._map)
+        # An exported pointer to the mapping, dropped before unmapping.
+        self._anchor: ctypes.c_char | None = ctypes.c_char.from_buffer(self._map)
+        self._base = ctypes.addressof(self._anchor)
 
     def write_from_file(
         self, src_fd: int, file_offset: int, offset: int, nbytes: int, hasher: Hasher | None
@@ -77,7 +81,13 @@ class HostSegmentWriter(SegmentWriter):
         if hasher is not None:
             hasher.update(data)
 
+    def copy_from_pointer(self, offset: int, src: int, nbytes: int, hasher: Hasher | None) -> None:
+        ctypes.memmove(self._base + offset, src, nbytes)
+        if hasher is not None:
+            hasher.update(self._view[offset : offset + nbytes])
+
     def finish(self) -> int:
+        self._anchor = None
         self._view.release()
         self._map.close()  # a writable mapping would make F_SEAL_WRITE fail
         fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, REQUIRED_SEALS | fcntl.F_SEAL_SEAL)
@@ -85,6 +95,7 @@ class HostSegmentWriter(SegmentWriter):
 
     def abort(self) -> None:
         try:
+            self._anchor = None
             self._view.release()
             self._map.close()
         except (BufferError, ValueError):
