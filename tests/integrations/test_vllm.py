@@ -43,9 +43,7 @@ def engine(model: Path, **overrides) -> dict:
     log = r.stdout + r.stderr
     m = re.search(r"^RESULT (.*)$", r.stdout, re.M)
     out = json.loads(m.group(1)) if m else {}
-    load = re.search(r"Model loading took .*? and ([0-9.]+) seconds", log) or re.search(
-        r"Loading weights took ([0-9.]+) seconds", log
-    )
+    load = re.search(r"wcached: (?:bound .*?|loaded .*? from disk) in ([0-9.]+) s", log)
     out.update(rc=r.returncode, log=log, load_s=float(load.group(1)) if load else None)
     return out
 
@@ -129,6 +127,7 @@ def test_absent_daemon_falls_back_to_disk_and_says_why(work: Path, model_dir: Pa
     out = engine(model_dir, load_format="wcache", model_loader_extra_config=extra)
     assert out["rc"] == 0, out["log"][-4000:]
     assert "no daemon socket" in out["log"] and "from disk instead" in out["log"]
+    assert out["load_s"] is not None  # "wcached: loaded ... from disk in X s"
     assert out["tokens"] == disk["tokens"]
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from typing import Any
 
 LOAD_FORMAT = "wcache"
@@ -98,13 +99,14 @@ def _make_loader_class() -> type:
         # -- cache path -----------------------------------------------------
 
         def load_model(self, vllm_config: Any, model_config: Any, prefix: str = "") -> nn.Module:
+            started = time.perf_counter()
             try:
                 att = self._attach(model_config)
             except (DaemonUnavailable, KeyMismatch) as e:
                 if not self.fallback:
                     raise
                 log.warning("wcached: %s; loading %s from disk instead", e, model_config.model)
-                return self._disk_loader().load_model(vllm_config, model_config, prefix=prefix)
+                return self._from_disk(vllm_config, model_config, prefix, started)
             try:
                 model = self._bind(vllm_config, model_config, prefix, att)
             except Exception:
@@ -112,15 +114,23 @@ def _make_loader_class() -> type:
                 if not self.fallback:
                     raise
                 log.exception("wcached: binding the attached weights failed; loading from disk")
-                return self._disk_loader().load_model(vllm_config, model_config, prefix=prefix)
+                return self._from_disk(vllm_config, model_config, prefix, started)
             # The attachment is the lease: it lives as long as the model.
             model._wcached_attachment = att
             self.attachment = att
             log.info(
-                "wcached: bound %d tensors of %s from %s",
+                "wcached: bound %d tensors of %s from %s in %.3f s",
                 len(att.manifest.tensors),
                 att.manifest.model,
                 att.connection.welcome.instance,
+                time.perf_counter() - started,
+            )
+            return model
+
+        def _from_disk(self, vllm_config: Any, model_config: Any, prefix: str, started: float) -> Any:
+            model = self._disk_loader().load_model(vllm_config, model_config, prefix=prefix)
+            log.info(
+                "wcached: loaded %s from disk in %.3f s", model_config.model, time.perf_counter() - started
             )
             return model
 
