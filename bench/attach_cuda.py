@@ -36,27 +36,16 @@ from common import DATA, REPO, summary, write_result
 
 from tests.helpers import run_daemon, write_config
 
-LLAMA8B = dict(vocab=128256, hidden=4096, inter=14336, layers=32, heads=32, kv_heads=8, head_dim=128)
-
-
-def llama_shapes(c: dict) -> list[tuple[str, tuple[int, ...]]]:
-    h, q, kv = c["hidden"], c["heads"] * c["head_dim"], c["kv_heads"] * c["head_dim"]
-    out = [("model.embed_tokens.weight", (c["vocab"], h))]
-    for i in range(c["layers"]):
-        p = f"model.layers.{i}."
-        out += [
-            (p + "input_layernorm.weight", (h,)),
-            (p + "self_attn.q_proj.weight", (q, h)),
-            (p + "self_attn.k_proj.weight", (kv, h)),
-            (p + "self_attn.v_proj.weight", (kv, h)),
-            (p + "self_attn.o_proj.weight", (h, q)),
-            (p + "post_attention_layernorm.weight", (h,)),
-            (p + "mlp.gate_proj.weight", (c["inter"], h)),
-            (p + "mlp.up_proj.weight", (c["inter"], h)),
-            (p + "mlp.down_proj.weight", (h, c["inter"])),
-        ]
-    out += [("model.norm.weight", (h,)), ("lm_head.weight", (c["vocab"], h))]
-    return out
+LLAMA8B = {
+    **LLAMA_TINY,
+    "vocab_size": 128256,
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+}
 
 
 def many_shapes() -> list[tuple[str, tuple[int, ...]]]:

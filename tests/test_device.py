@@ -17,28 +17,25 @@ def test_bad_names(name: str) -> None:
         resolve_instance(name)
 
 
-def test_gpu_name_without_nvml_is_a_clear_error() -> None:
+def _skip_where_nvml_works() -> None:
     try:
         import pynvml
 
         pynvml.nvmlInit()
         pynvml.nvmlShutdown()
-        pytest.skip("NVML works here: covered by the GPU tests")
     except Exception:
-        pass
+        return
+    pytest.skip("NVML works here: covered by the GPU tests")
+
+
+def test_gpu_name_without_nvml_is_a_clear_error() -> None:
+    _skip_where_nvml_works()
     with pytest.raises(DeviceError, match=r"NVML could not start|nvidia-ml-py"):
         resolve_instance("0")
 
 
 def test_isolated_resolution_reports_errors_from_the_child() -> None:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        pynvml.nvmlShutdown()
-        pytest.skip("NVML works here: covered by the GPU tests")
-    except Exception:
-        pass
+    _skip_where_nvml_works()
     with pytest.raises(DeviceError, match=r"NVML could not start|nvidia-ml-py"):
         resolve_instance("GPU-8d3c0000-0000-0000-0000-000000000000", isolated=True)
     assert resolve_instance("cpu1", isolated=True).instance_id == "cpu1"

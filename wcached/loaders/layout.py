@@ -10,7 +10,9 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from wcached.protocol.messages import Manifest
+import msgspec
+
+from wcached.protocol.messages import Manifest, TensorInfo
 
 
 @dataclass(frozen=True)
@@ -80,3 +82,13 @@ class PhaseClock:
 
     def total(self) -> float:
         return time.monotonic() - self.start
+
+
+def alias_entries(entries: list[TensorInfo], aliases: dict[str, str]) -> list[TensorInfo]:
+    """Manifest entries for tied names: the target's placement under another
+    name, marked ``alias_of`` so that clients bind one shared object."""
+    by_name = {e.name: e for e in entries}
+    return [
+        msgspec.structs.replace(by_name[target], name=alias, alias_of=target)
+        for alias, target in sorted(aliases.items())
+    ]

@@ -25,7 +25,7 @@ from wcached.config import ModelConfig
 from wcached.dtypes import BY_TORCH_NAME, DTYPES, Dtype
 from wcached.errors import FillError
 from wcached.keys import CacheKey
-from wcached.loaders.layout import FilledModel, PhaseClock, plan_layout
+from wcached.loaders.layout import FilledModel, PhaseClock, alias_entries, plan_layout
 from wcached.memory.base import MAX_RUN_BYTES, MemoryBackend, ProgressFn, SegmentWriter
 from wcached.protocol.messages import Manifest, SegmentInfo, TensorInfo
 
@@ -252,7 +252,6 @@ class SafetensorsLoader:
                 h.update(bytes.fromhex(d))
             fingerprint = "content:" + h.hexdigest()
         infos = []
-        by_name = {}
         for t, dt, p, digest in zip(ckpt.tensors, out_dtypes, placements, digests, strict=True):
             info = TensorInfo(
                 name=t.name,
@@ -265,17 +264,7 @@ class SafetensorsLoader:
                 digest=digest,
             )
             infos.append(info)
-            by_name[t.name] = info
-        for alias, target in sorted(model.aliases.items()):
-            infos.append(
-                TensorInfo(
-                    **{
-                        **{f: getattr(by_name[target], f) for f in TensorInfo.__struct_fields__},
-                        "name": alias,
-                        "alias_of": target,
-                    }
-                )
-            )
+        infos += alias_entries(infos, model.aliases)
         key = CacheKey(
             model=model.name,
             loader="safetensors",

@@ -26,7 +26,7 @@ import xxhash
 from wcached.config import ModelConfig
 from wcached.errors import FillError
 from wcached.keys import CacheKey
-from wcached.loaders.layout import FilledModel, PhaseClock, plan_layout
+from wcached.loaders.layout import FilledModel, PhaseClock, alias_entries, plan_layout
 from wcached.loaders.safetensors import DIGEST_ALGORITHM
 from wcached.memory.base import MemoryBackend, ProgressFn, SegmentWriter
 from wcached.protocol.messages import Manifest, SegmentInfo, TensorInfo
@@ -186,23 +186,7 @@ class VllmLoader:
             for w in writers:
                 w.abort()
             raise
-        by_name = {i.name: i for i in infos}
-        for alias, target in sorted(aliases.items()):
-            base = by_name[target]
-            infos.append(
-                TensorInfo(
-                    name=alias,
-                    dtype=base.dtype,
-                    shape=base.shape,
-                    stride=base.stride,
-                    segment=base.segment,
-                    offset=base.offset,
-                    nbytes=base.nbytes,
-                    kind=base.kind,
-                    alias_of=target,
-                    digest=base.digest,
-                )
-            )
+        infos += alias_entries(infos, aliases)
 
         pp_group = get_pp_group()
         fields = vllm_key_fields(
