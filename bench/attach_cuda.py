@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import DATA, REPO, summary, write_result
 
 from tests.helpers import run_daemon, write_config
+from wcached.demo import LLAMA_TINY, llama_shapes
 
 LLAMA8B = {
     **LLAMA_TINY,
