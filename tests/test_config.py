@@ -78,6 +78,16 @@ def test_instance_table_matches_gpu_alias(tmp_path: Path) -> None:
         ("source = 'x'\n", "source", "unknown key"),
         ('[[model]]\nname = "a"\npath = "p"\nread_threads = "many"\n', "model[0].read_threads", "Invalid"),
         ('[[model]]\nname = "a"\npath = "p"\nread_threads = 0\n', "model[0].read_threads", ">= 1"),
+        (
+            '[[model]]\nname = "a"\npath = "p"\ntensor_parallel_size = 2\n',
+            "model[0].tensor_parallel_size",
+            'loader = "vllm"',
+        ),
+        (
+            '[[model]]\nname = "a"\npath = "p"\nloader = "vllm"\nrendezvous = "localhost:1"\n',
+            "model[0].rendezvous",
+            "tcp://host:port",
+        ),
     ],
 )
 def test_mistakes_name_file_and_key(tmp_path: Path, text: str, key: str, problem: str) -> None:

@@ -280,3 +280,16 @@ def test_unread_notify_socket_never_stalls_serving(cpu_config: Path) -> None:
         for _ in range(40):
             with attach("default", "cpu0", socket_dir=d.socket_dir, timeout=5) as a:
                 assert a.tensors
+
+
+def test_stale_socket_of_a_killed_daemon_is_replaced_under_the_lock(cpu_config: Path) -> None:
+    with run_daemon(cpu_config) as d:
+        d.proc.kill()  # no cleanup: the socket file stays behind
+        d.proc.wait()
+        assert os.path.exists(d.socket_path)
+        with pytest.raises(Exception, match="refuses connections"):
+            attach("default", "cpu0", socket_dir=d.socket_dir)
+    with run_daemon(cpu_config) as d2:
+        assert "removing stale socket" in d2.log()
+        with attach("default", "cpu0", socket_dir=d2.socket_dir) as a:
+            assert a.tensors
