@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import multi_dtype_tensors, open_tmpdir, write_config, write_sharded
+from tests.helpers import multi_dtype_tensors, open_tmpdir, tied_model_config, write_sharded
 
 
 def cuda_available() -> bool:
@@ -50,15 +50,4 @@ def sharded_ckpt(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def cpu_config(work: Path, sharded_ckpt: Path) -> Path:
-    return write_config(
-        work / "wcached.toml",
-        models=[
-            {
-                "name": "default",
-                "path": str(sharded_ckpt),
-                "aliases": {"lm_head.weight": "embed.weight"},
-                "segment_size": "64KiB",
-            }
-        ],
-        daemon={"socket_dir": str(work / "run"), "connection_timeout_s": 2.0},
-    )
+    return tied_model_config(work, sharded_ckpt, "64KiB", connection_timeout_s=2.0)

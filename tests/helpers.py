@@ -107,6 +107,22 @@ def write_config(
     return path
 
 
+def tied_model_config(work: Path, ckpt: Path, segment_size: str, **daemon) -> Path:
+    """A config serving ``ckpt`` as "default", lm_head tied to the embedding."""
+    return write_config(
+        work / "wcached.toml",
+        models=[
+            {
+                "name": "default",
+                "path": str(ckpt),
+                "aliases": {"lm_head.weight": "embed.weight"},
+                "segment_size": segment_size,
+            }
+        ],
+        daemon={"socket_dir": str(work / "run"), **daemon},
+    )
+
+
 class NotifyListener:
     """A stand-in for systemd's notify socket."""
 

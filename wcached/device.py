@@ -8,6 +8,7 @@ view without creating a CUDA context, so the daemon stays context-free and
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import subprocess
@@ -104,8 +105,10 @@ def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+@functools.lru_cache(maxsize=64)
 def instance_id_for(name: str) -> str:
-    """Canonical id (socket file stem) of an instance name."""
+    """Canonical id (socket file stem) of an instance name; cached, because
+    clients call it on every attach and a GPU name costs an NVML start-up."""
     return resolve_instance(name).instance_id
 
 

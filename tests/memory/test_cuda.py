@@ -16,6 +16,7 @@ from tests.helpers import (
     other_users_can_run_python,
     run_as,
     run_daemon,
+    tied_model_config,
     write_config,
     write_sharded,
 )
@@ -25,18 +26,7 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture
 def gpu_config(work: Path, sharded_ckpt: Path) -> Path:
-    return write_config(
-        work / "wcached.toml",
-        models=[
-            {
-                "name": "default",
-                "path": str(sharded_ckpt),
-                "aliases": {"lm_head.weight": "embed.weight"},
-                "segment_size": "4MiB",
-            }
-        ],
-        daemon={"socket_dir": str(work / "run"), "allowed_users": ["nobody"]},
-    )
+    return tied_model_config(work, sharded_ckpt, "4MiB", allowed_users=["nobody"])
 
 
 def test_bit_exact_against_load_file_on_cuda(gpu_config: Path, sharded_ckpt: Path) -> None:

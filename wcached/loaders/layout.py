@@ -7,12 +7,18 @@ reason wcached's attach beats per-tensor CUDA IPC by an order of magnitude).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, TypeVar
 
 import msgspec
 
 from wcached.protocol.messages import Manifest, TensorInfo
+
+if TYPE_CHECKING:
+    from wcached.memory.base import MemoryBackend, SegmentWriter
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -92,3 +98,29 @@ def alias_entries(entries: list[TensorInfo], aliases: dict[str, str]) -> list[Te
         msgspec.structs.replace(by_name[target], name=alias, alias_of=target)
         for alias, target in sorted(aliases.items())
     ]
+
+
+def fill_segments(
+    backend: MemoryBackend,
+    label: str,
+    sizes: list[int],
+    clock: PhaseClock,
+    copy: Callable[[list[SegmentWriter]], T],
+) -> tuple[T, list[SegmentWriter], list[int]]:
+    """Allocate the segments, let ``copy`` fill them, then seal or export
+    them; on any failure every segment is freed. Returns what ``copy``
+    returned, the writers and the fds that now own the segments."""
+    writers: list[SegmentWriter] = []
+    try:
+        for i, size in enumerate(sizes):
+            writers.append(backend.allocate(size, f"{label}.{i}"))
+        clock.lap("allocate")
+        result = copy(writers)
+        clock.lap("copy")
+        fds = [w.finish() for w in writers]
+        clock.lap("seal")
+    except BaseException:
+        for w in writers:
+            w.abort()
+        raise
+    return result, writers, fds

@@ -25,8 +25,8 @@ from wcached.config import ModelConfig
 from wcached.dtypes import BY_TORCH_NAME, DTYPES, Dtype
 from wcached.errors import FillError
 from wcached.keys import CacheKey
-from wcached.loaders.layout import FilledModel, PhaseClock, alias_entries, plan_layout
-from wcached.memory.base import MAX_RUN_BYTES, MemoryBackend, ProgressFn, SegmentWriter
+from wcached.loaders.layout import FilledModel, PhaseClock, alias_entries, fill_segments, plan_layout
+from wcached.memory.base import MAX_RUN_BYTES, MemoryBackend, ProgressFn
 from wcached.protocol.messages import Manifest, SegmentInfo, TensorInfo
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -62,45 +62,59 @@ class Checkpoint:
     tensors: list[StoredTensor]  # in file order, then offset order
 
 
-def checkpoint_files(path: str) -> list[str]:
-    """The safetensors files of a checkpoint path (file, directory or index)."""
+def _find_index(path: str) -> Path | None:
     p = Path(path)
-    if p.is_file():
-        if p.name.endswith(".index.json"):
-            return _files_from_index(p)
-        return [str(p)]
-    if not p.is_dir():
-        raise FillError(f"checkpoint {path} does not exist")
-    index = p / INDEX_NAME
-    if index.is_file():
-        return _files_from_index(index)
-    files = sorted(str(f) for f in p.glob("*.safetensors"))
-    if not files:
-        raise FillError(f"checkpoint directory {path} holds no *.safetensors files")
-    return files
+    if p.is_file() and p.name.endswith(".index.json"):
+        return p
+    if p.is_dir() and (p / INDEX_NAME).is_file():
+        return p / INDEX_NAME
+    return None
 
 
-def _files_from_index(index: Path) -> list[str]:
+def _load_weight_map(index: Path) -> dict[str, str]:
     try:
         weight_map = json.loads(index.read_text())["weight_map"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise FillError(f"{index}: not a safetensors index ({e})") from None
     if not isinstance(weight_map, dict) or not weight_map:
         raise FillError(f"{index}: weight_map is empty or not a table")
-    names = sorted(set(weight_map.values()))
-    files = [str(index.parent / n) for n in names]
+    return weight_map
+
+
+def _shards(index: Path, weight_map: dict[str, str]) -> list[str]:
+    files = [str(index.parent / n) for n in sorted(set(weight_map.values()))]
     for f in files:
         if not os.path.isfile(f):
             raise FillError(f"{index}: shard {f} does not exist")
     return files
 
 
+def checkpoint_files(path: str) -> list[str]:
+    """The safetensors files of a checkpoint path (file, directory or index)."""
+    index = _find_index(path)
+    if index is not None:
+        return _shards(index, _load_weight_map(index))
+    p = Path(path)
+    if p.is_file():
+        return [str(p)]
+    if not p.is_dir():
+        raise FillError(f"checkpoint {path} does not exist")
+    files = sorted(str(f) for f in p.glob("*.safetensors"))
+    if not files:
+        raise FillError(f"checkpoint directory {path} holds no *.safetensors files")
+    return files
+
+
 def read_checkpoint(path: str) -> Checkpoint:
     """Parse and validate every header; no tensor data is read."""
+    index = _find_index(path)
+    # The index is read once: it names the shards and is checked against them.
+    weight_map = _load_weight_map(index) if index is not None else None
+    shards = _shards(index, weight_map) if index is not None else checkpoint_files(path)
     files: list[CheckpointFile] = []
     tensors: list[StoredTensor] = []
     seen: dict[str, str] = {}
-    for file in checkpoint_files(path):
+    for file in shards:
         cf, stored = _read_header(file)
         files.append(cf)
         for t in stored:
@@ -108,27 +122,15 @@ def read_checkpoint(path: str) -> Checkpoint:
                 raise FillError(f"{file}: tensor {t.name!r} is also stored in {seen[t.name]}")
             seen[t.name] = file
             tensors.append(t)
-    index = _index_path(path)
-    if index is not None:
-        weight_map = json.loads(Path(index).read_text())["weight_map"]
-        for name, shard in weight_map.items():
-            where = seen.get(name)
-            if where is None:
-                raise FillError(f"{index}: tensor {name!r} is listed for {shard} but stored nowhere")
-            if os.path.basename(where) != os.path.basename(shard):
-                raise FillError(f"{index}: tensor {name!r} is listed for {shard} but stored in {where}")
+    for name, shard in (weight_map or {}).items():
+        where = seen.get(name)
+        if where is None:
+            raise FillError(f"{index}: tensor {name!r} is listed for {shard} but stored nowhere")
+        if os.path.basename(where) != os.path.basename(shard):
+            raise FillError(f"{index}: tensor {name!r} is listed for {shard} but stored in {where}")
     if not tensors:
         raise FillError(f"checkpoint {path} holds no tensors")
     return Checkpoint(str(path), files, tensors)
-
-
-def _index_path(path: str) -> str | None:
-    p = Path(path)
-    if p.is_file() and p.name.endswith(".index.json"):
-        return str(p)
-    if p.is_dir() and (p / INDEX_NAME).is_file():
-        return str(p / INDEX_NAME)
-    return None
 
 
 def _read_header(file: str) -> tuple[CheckpointFile, list[StoredTensor]]:
@@ -231,19 +233,13 @@ class SafetensorsLoader:
             model.segment_bytes,
             model.alignment,
         )
-        writers: list[SegmentWriter] = []
-        try:
-            for i, size in enumerate(seg_sizes):
-                writers.append(backend.allocate(size, f"{model.name}.{i}"))
-            clock.lap("allocate")
-            digests = self._copy_all(model, ckpt, out_dtypes, placements, writers, progress)
-            clock.lap("copy")
-            fds = [w.finish() for w in writers]
-            clock.lap("seal")
-        except BaseException:
-            for w in writers:
-                w.abort()
-            raise
+        digests, writers, fds = fill_segments(
+            backend,
+            model.name,
+            seg_sizes,
+            clock,
+            lambda writers: self._copy_all(model, ckpt, out_dtypes, placements, writers, progress),
+        )
 
         fingerprint = header_fingerprint(ckpt)
         if model.fingerprint == "content":

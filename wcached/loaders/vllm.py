@@ -26,7 +26,7 @@ import xxhash
 from wcached.config import ModelConfig
 from wcached.errors import FillError
 from wcached.keys import CacheKey
-from wcached.loaders.layout import FilledModel, PhaseClock, alias_entries, plan_layout
+from wcached.loaders.layout import FilledModel, PhaseClock, alias_entries, fill_segments, plan_layout
 from wcached.loaders.safetensors import DIGEST_ALGORITHM
 from wcached.memory.base import MemoryBackend, ProgressFn, SegmentWriter
 from wcached.protocol.messages import Manifest, SegmentInfo, TensorInfo
@@ -151,13 +151,10 @@ class VllmLoader:
         placements, seg_sizes = plan_layout(
             ((n, _span_bytes(t)) for n, t, _ in unique), model.segment_bytes, model.alignment
         )
-        writers: list[SegmentWriter] = []
         infos: list[TensorInfo] = []
-        done = 0
-        try:
-            for i, size in enumerate(seg_sizes):
-                writers.append(backend.allocate(size, f"{model.name}.{i}"))
-            clock.lap("allocate")
+
+        def copy(writers: list[SegmentWriter]) -> None:
+            done = 0
             for (name, t, kind), p in zip(unique, placements, strict=True):
                 digest = ""
                 if p.nbytes:
@@ -179,13 +176,8 @@ class VllmLoader:
                 )
                 done += p.nbytes
                 progress(done)
-            clock.lap("copy")
-            fds = [w.finish() for w in writers]
-            clock.lap("seal")
-        except BaseException:
-            for w in writers:
-                w.abort()
-            raise
+
+        _, writers, fds = fill_segments(backend, model.name, seg_sizes, clock, copy)
         infos += alias_entries(infos, aliases)
 
         pp_group = get_pp_group()

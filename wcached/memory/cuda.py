@@ -322,11 +322,9 @@ class CudaBackend(MemoryBackend):
         self._local = threading.local()
         self._stagings: list[_Staging] = []
         self._lock = threading.Lock()
-        self._owns_context = False
 
     def prepare_fill(self) -> None:
         """Create the CUDA context (worker side) before any fill is timed."""
-        self._owns_context = True
         self._context()
 
     # -- loader-worker side -----------------------------------------------
@@ -334,7 +332,6 @@ class CudaBackend(MemoryBackend):
     def _context(self) -> Any:
         if self._ctx is None:
             self._ctx = check(self.cu.cuDevicePrimaryCtxRetain(self._dev), "cuDevicePrimaryCtxRetain")
-            self._owns_context = True
         check(self.cu.cuCtxSetCurrent(self._ctx), "cuCtxSetCurrent")
         return self._ctx
 
