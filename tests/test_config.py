@@ -88,6 +88,18 @@ def test_instance_table_matches_gpu_alias(tmp_path: Path) -> None:
             "model[0].rendezvous",
             "tcp://host:port",
         ),
+        (
+            '[[model]]\nname = "a"\npath = "p"\nloader = "vllm"\ntensor_parallel_size = 2\n'
+            'ranks = { "0" = 0, "1" = 2 }\n',
+            "model[0].ranks.1",
+            "outside 0..1",
+        ),
+        (
+            '[[model]]\nname = "a"\npath = "p"\nloader = "vllm"\ntensor_parallel_size = 2\n'
+            'ranks = { "0" = 1, "1" = 1 }\n',
+            "model[0].ranks",
+            "same rank",
+        ),
     ],
 )
 def test_mistakes_name_file_and_key(tmp_path: Path, text: str, key: str, problem: str) -> None:

@@ -148,6 +148,9 @@ def _status_table(results: list[dict]) -> str:
                     str(r["pid"]) if first else "",
                 )
             )
+        note = memory_note(r)
+        if note:
+            notes.append(note)
         for c in r["clients"]:
             what = ", ".join(c["models"]) or "nothing yet"
             notes.append(
@@ -157,6 +160,21 @@ def _status_table(results: list[dict]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
     return "\n".join(lines + (["", *notes] if notes else []))
+
+
+def memory_note(r: dict) -> str:
+    """What the weights take of the GPU, and what that means for engines whose
+    vLLM cannot count memory it maps from another process."""
+    total = r.get("device_memory_bytes") or 0
+    held = sum(m["bytes"] for m in r["models"] if m["state"] == "ready")
+    if not total or not held:
+        return ""
+    share = held / total
+    return (
+        f"{r['instance']}: weights take {_size(held)} = {100 * share:.1f}% of the GPU's {_size(total)}; "
+        f"vLLM engines without the external-weight hook (0.26, 0.27) should lower "
+        f"gpu_memory_utilization by {share:.3f}"
+    )
 
 
 def _size(n: int) -> str:

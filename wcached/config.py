@@ -259,6 +259,14 @@ def _check(cfg: Config, path: str) -> None:
             raise ConfigError(path, f"{key}.tensor_parallel_size", 'parallel layouts need loader = "vllm"')
         if m.rendezvous and not re.fullmatch(r"tcp://[^:/]+:\d+", m.rendezvous):
             raise ConfigError(path, f"{key}.rendezvous", f"expected tcp://host:port, got {m.rendezvous!r}")
+        world = m.tensor_parallel_size * m.pipeline_parallel_size
+        for inst, rank in m.ranks.items():
+            if not 0 <= rank < world:
+                raise ConfigError(
+                    path, f"{key}.ranks.{inst}", f"rank {rank} is outside 0..{world - 1} (tp x pp = {world})"
+                )
+        if len(set(m.ranks.values())) != len(m.ranks):
+            raise ConfigError(path, f"{key}.ranks", "two instances have the same rank")
         if m.read_threads != "auto" and m.read_threads < 1:
             raise ConfigError(path, f"{key}.read_threads", "must be >= 1")
     for name, inst in cfg.instance.items():

@@ -29,6 +29,7 @@ class Device:
     index: int  # cpu ordinal, or the NVML index
     name: str  # human description
     aliases: tuple[str, ...] = ()  # other names of the same instance ("0")
+    memory_bytes: int = 0  # the GPU's memory (NVML); 0 for host memory
 
     @property
     def backend(self) -> str:
@@ -80,10 +81,11 @@ def _resolve_gpu(name: str) -> Device:
             index = pynvml.nvmlDeviceGetIndex(handle)
         uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
         model = _text(pynvml.nvmlDeviceGetName(handle))
+        memory = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
     finally:
         pynvml.nvmlShutdown()
     aliases = tuple(a for a in {name, str(index)} if a != uuid)
-    return Device("cuda", uuid, index, model, aliases)
+    return Device("cuda", uuid, index, model, aliases, memory)
 
 
 def _resolve_gpu_isolated(name: str) -> Device:

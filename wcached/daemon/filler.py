@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import msgspec
 
-from wcached.config import InstanceSettings
+from wcached.config import InstanceSettings, ModelConfig
 from wcached.daemon.state import HeldModel
 from wcached.device import Device
 from wcached.errors import FillError, TimeoutExpired, error_for_code
@@ -50,8 +50,12 @@ def fill_models(
     parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     python = settings.worker_python or sys.executable
     env = dict(os.environ, WCACHED_LOG_LEVEL=settings.log_level)
-    # The worker finds its GPU by UUID; a renumbering mask would only hide it.
     env.pop("CUDA_VISIBLE_DEVICES", None)
+    if device.kind == "cuda":
+        # The worker sees its own GPU only: an engine rank it builds (vLLM
+        # tensor parallel) then lands on it as device 0, and it can touch no
+        # other instance's GPU.
+        env["CUDA_VISIBLE_DEVICES"] = device.instance_id
     try:
         proc = subprocess.Popen(
             [python, "-m", "wcached.loaders.worker", str(child.fileno())],
@@ -74,7 +78,7 @@ def fill_models(
                 instance=device.instance_id,
                 backend=device.backend,
                 device_index=device.index,
-                models=[msgspec.to_builtins(m) for m in settings.models],
+                models=[msgspec.to_builtins(with_canonical_ranks(m, device)) for m in settings.models],
             )
         )
         current = settings.models[0].name if settings.models else ""
@@ -123,6 +127,23 @@ def fill_models(
         raise
     finally:
         parent.close()
+
+
+def with_canonical_ranks(model: ModelConfig, device: Device) -> ModelConfig:
+    """``ranks`` keyed by the instance's canonical id: operators write the
+    name they use (a GPU index, a UUID or cpuN); the worker knows only the
+    canonical one."""
+    names = (device.instance_id, *device.aliases)
+    found = {model.ranks[n] for n in names if n in model.ranks}
+    if len(found) > 1:
+        raise FillError(
+            f"model {model.name!r}: ranks gives instance {device.instance_id} several ranks "
+            f"({sorted(found)}) under its different names"
+        )
+    ranks = {k: v for k, v in model.ranks.items() if k not in names}
+    if found:
+        ranks[device.instance_id] = found.pop()
+    return msgspec.structs.replace(model, ranks=ranks)
 
 
 def _worker_death(proc: subprocess.Popen) -> str:

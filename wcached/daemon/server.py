@@ -304,6 +304,7 @@ class Server:
             uptime_s=round(now - self.started, 3),
             models=[m.status() for m in self.models.values()],
             clients=clients,
+            device_memory_bytes=self.device.memory_bytes,
         )
 
     @staticmethod

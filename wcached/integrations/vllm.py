@@ -33,10 +33,18 @@ log = logging.getLogger("vllm.plugins.wcached")
 
 
 def register() -> None:
-    """Entry point of ``vllm.general_plugins``; safe to call repeatedly."""
-    from vllm.model_executor.model_loader import register_model_loader
+    """Entry point of ``vllm.general_plugins``; safe to call repeatedly.
 
-    register_model_loader(LOAD_FORMAT)(_loader_class())
+    vLLM calls it in every process of every engine, including those that
+    never use ``wcache``: a vLLM release this plugin cannot work with gets a
+    warning here, never an exception.
+    """
+    try:
+        from vllm.model_executor.model_loader import register_model_loader
+
+        register_model_loader(LOAD_FORMAT)(_loader_class())
+    except Exception as e:
+        log.warning("wcached: --load-format %s is unavailable with this vLLM: %s", LOAD_FORMAT, e)
 
 
 _CLASS: type | None = None
@@ -58,7 +66,8 @@ def _make_loader_class() -> type:
     from vllm.utils.torch_utils import set_default_torch_dtype
 
     from wcached.client import attach
-    from wcached.errors import DaemonUnavailable, KeyMismatch, WcacheError
+    from wcached.errors import WcacheError
+    from wcached.loaders.vllm import PROCESSED_GUARD
 
     class WcacheModelLoader(BaseModelLoader):
         def __init__(self, load_config: Any):
@@ -101,8 +110,8 @@ def _make_loader_class() -> type:
         def load_model(self, vllm_config: Any, model_config: Any, prefix: str = "") -> nn.Module:
             started = time.perf_counter()
             try:
-                att = self._attach(model_config)
-            except (DaemonUnavailable, KeyMismatch) as e:
+                att = _take_early_attachment(self) or self._attach(model_config)
+            except WcacheError as e:
                 if not self.fallback:
                     raise
                 log.warning("wcached: %s; loading %s from disk instead", e, model_config.model)
@@ -119,13 +128,35 @@ def _make_loader_class() -> type:
             model._wcached_attachment = att
             self.attachment = att
             log.info(
-                "wcached: bound %d tensors of %s from %s in %.3f s",
+                "wcached: bound %d tensors of %s (%s form) from %s in %.3f s",
                 len(att.manifest.tensors),
                 att.manifest.model,
+                att.manifest.attrs.get("vllm.form", "loaded"),
                 att.connection.welcome.instance,
                 time.perf_counter() - started,
             )
+            _advise_memory(self, vllm_config, att)
             return model
+
+        # -- KV-cache sizing ------------------------------------------------
+
+        def get_external_weight_memory(self, vllm_config: Any) -> int:
+            """vLLM's hook (releases that have it): the bytes of weights this
+            worker will map from the daemon, so that the KV cache is sized as
+            if the engine had loaded them itself. Attaches now (the same
+            attachment is bound by load_model); 0 when it will load from disk."""
+            try:
+                att = self._attach(vllm_config.model_config)
+            except WcacheError as e:
+                if not self.fallback:
+                    raise
+                log.warning("wcached: %s; the weights will be loaded from disk", e)
+                return 0
+            _EARLY[self._early_key()] = att
+            return mapped_weight_bytes(att.manifest)
+
+        def _early_key(self) -> tuple:
+            return (self.socket_dir, self.model_name, self._instance())
 
         def _from_disk(self, vllm_config: Any, model_config: Any, prefix: str, started: float) -> Any:
             model = self._disk_loader().load_model(vllm_config, model_config, prefix=prefix)
@@ -172,27 +203,46 @@ def _make_loader_class() -> type:
             )
 
         def _bind(self, vllm_config: Any, model_config: Any, prefix: str, att: Any) -> nn.Module:
-            from vllm.model_executor.utils import weights_already_processed
-
+            attrs = att.manifest.attrs
+            form = attrs.get("vllm.form", "loaded")
             device = torch.device(self.load_config.device or vllm_config.device_config.device)
+            already_processed = None
+            if form == "processed":
+                try:
+                    from vllm.model_executor.utils import weights_already_processed as already_processed
+                except ImportError:
+                    raise WcacheError(
+                        "the daemon holds post-processed weights and this vLLM has no "
+                        "already-processed mode to bind them with"
+                    ) from None
+            elif form != "loaded":
+                raise WcacheError(f"the daemon holds weights in a form this plugin does not know: {form!r}")
+            processed_modules = {n for n in attrs.get("vllm.processed_modules", "").split(",") if n}
             with set_default_torch_dtype(model_config.dtype):
                 with torch.device("meta"):
                     model = initialize_model(
                         vllm_config=vllm_config, model_config=model_config, prefix=prefix
                     )
-                _register_all(model, att)
-                for key, value in att.manifest.attrs.items():
+                _register_all(model, att, check_shapes=form == "loaded", skip=processed_modules)
+                for key, value in attrs.items():
                     if key.startswith("vllm.attr."):
                         setattr(model, key[len("vllm.attr.") :], value == "1")
-                if att.manifest.attrs.get("vllm.processed") == "1":
-                    with weights_already_processed():
+                _left_on_meta(model)
+                if already_processed is not None:
+                    with already_processed():
                         process_weights_after_loading(model, model_config, device)
                 else:
+                    # Layers vLLM processed while the daemon loaded them
+                    # (online quantization): marked done, never processed twice.
+                    modules = dict(model.named_modules())
+                    for name in processed_modules:
+                        if name not in modules:
+                            raise WcacheError(f"processed layer {name!r} is not in this model")
+                        setattr(modules[name], PROCESSED_GUARD, True)
                     process_weights_after_loading(model, model_config, device)
-                _materialize_meta(model, device)
             return model.eval()
 
-    def _register_all(model: nn.Module, att: Any) -> None:
+    def _register_all(model: nn.Module, att: Any, check_shapes: bool, skip: set[str]) -> None:
         modules = dict(model.named_modules(remove_duplicate=False))
         registered: dict[str, torch.Tensor] = {}
         entries = att.manifest.tensors
@@ -202,6 +252,15 @@ def _make_loader_class() -> type:
             module = modules.get(module_name)
             if module is None:
                 raise WcacheError(f"attached tensor {name} has no module {module_name!r} in the model")
+            placeholder = module._parameters.get(leaf)
+            if placeholder is None:
+                placeholder = module._buffers.get(leaf)
+            if check_shapes and placeholder is not None and module_name not in skip:
+                if placeholder.shape != obj.shape or placeholder.dtype != obj.dtype:
+                    raise WcacheError(
+                        f"attached tensor {name} is {obj.dtype} {tuple(obj.shape)}, the model's is "
+                        f"{placeholder.dtype} {tuple(placeholder.shape)}"
+                    )
             module._parameters.pop(leaf, None)
             module._buffers.pop(leaf, None)
             if is_param:
@@ -227,19 +286,62 @@ def _make_loader_class() -> type:
                 obj = registered[e.alias_of]
                 put(e.name, obj, isinstance(obj, nn.Parameter))
 
-    def _materialize_meta(model: nn.Module, device: torch.device) -> None:
-        for module_name, module in model.named_modules():
-            for leaf, p in list(module._parameters.items()):
-                if p is not None and p.device.type == "meta":
-                    log.warning("wcached: %s.%s is not in the cache; left uninitialised", module_name, leaf)
-                    module._parameters[leaf] = nn.Parameter(
-                        torch.empty_like(p, device=device), requires_grad=False
-                    )
-            for leaf, b in list(module._buffers.items()):
-                if b is not None and b.device.type == "meta":
-                    module._buffers[leaf] = torch.empty_like(b, device=device)
+    def _left_on_meta(model: nn.Module) -> None:
+        """Every parameter and buffer must have come from the cache: one left
+        on the meta device would be uninitialised memory, never served."""
+        missing = [
+            f"{module_name}.{leaf}" if module_name else leaf
+            for module_name, module in model.named_modules()
+            for leaf, t in [*module._parameters.items(), *module._buffers.items()]
+            if t is not None and t.device.type == "meta"
+        ]
+        if missing:
+            more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+            raise WcacheError(f"the cache lacks {', '.join(missing[:5])}{more}")
 
     return WcacheModelLoader
+
+
+# Attachments made by get_external_weight_memory, taken by load_model (vLLM
+# builds a new loader object for each call).
+_EARLY: dict[tuple, Any] = {}
+
+
+def _take_early_attachment(loader: Any) -> Any:
+    return _EARLY.pop(loader._early_key(), None)
+
+
+def mapped_weight_bytes(manifest: Any) -> int:
+    """Device bytes an engine maps from the daemon and does not copy: the
+    parameters (buffers are copied into the engine's own memory)."""
+    return sum(t.nbytes for t in manifest.tensors if t.alias_of is None and t.kind == "param")
+
+
+def _advise_memory(loader: Any, vllm_config: Any, att: Any) -> None:
+    """On a GPU, with a vLLM that has no hook for external weight memory, the
+    KV cache is sized as if the mapped weights were free memory: say which
+    gpu_memory_utilization gives the KV cache a disk engine would get."""
+    from vllm.model_executor.model_loader.base_loader import BaseModelLoader
+
+    if hasattr(BaseModelLoader, "get_external_weight_memory"):
+        return
+    segments = att.manifest.segments
+    if not segments or segments[0].backend != "cuda":
+        return
+    import torch
+
+    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    mapped = sum(s.nbytes for s in segments)
+    util = vllm_config.cache_config.gpu_memory_utilization
+    log.warning(
+        "wcached: this vLLM does not count the %.2f GiB of weights mapped from wcached "
+        "(%.1f%% of this GPU) against gpu_memory_utilization=%.3g; for the KV cache an engine "
+        "loading from disk gets, set gpu_memory_utilization=%.3f",
+        mapped / 2**30,
+        100 * mapped / total,
+        util,
+        util - mapped / total,
+    )
 
 
 def _current_device() -> str:

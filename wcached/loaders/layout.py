@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, TypeVar
 import msgspec
 
 from wcached.protocol.messages import Manifest, TensorInfo
+from wcached.protocol.wire import close_fds
 
 if TYPE_CHECKING:
     from wcached.memory.base import MemoryBackend, SegmentWriter
@@ -72,6 +73,8 @@ class FilledModel:
     fill_seconds: float
     # Seconds per phase ("headers", "allocate", "copy", ...), for the log.
     phases: dict[str, float] = field(default_factory=dict)
+    # Device memory the fill used at its peak (GPU fills that measure it).
+    peak_device_bytes: int | None = None
 
 
 class PhaseClock:
@@ -124,3 +127,32 @@ def fill_segments(
             w.abort()
         raise
     return result, writers, fds
+
+
+def fill_segments_in_order(
+    backend: MemoryBackend,
+    label: str,
+    sizes: list[int],
+    clock: PhaseClock,
+    fill_one: Callable[[int, SegmentWriter], None],
+) -> tuple[list[SegmentWriter], list[int]]:
+    """Allocate, fill and seal one segment at a time, so that ``fill_one`` can
+    free what it copied before the next segment is allocated (a loader whose
+    source is already in device memory then needs one segment more, not the
+    model twice). On any failure every segment is freed."""
+    writers: list[SegmentWriter] = []
+    fds: list[int] = []
+    try:
+        for i, size in enumerate(sizes):
+            writers.append(backend.allocate(size, f"{label}.{i}"))
+            clock.lap("allocate")
+            fill_one(i, writers[-1])
+            clock.lap("copy")
+            fds.append(writers[-1].finish())
+            clock.lap("seal")
+    except BaseException:
+        if len(writers) > len(fds):  # the one being filled
+            writers[-1].abort()
+        close_fds(fds)
+        raise
+    return writers, fds

@@ -2,23 +2,38 @@
 
 The worker builds this instance's rank of the model exactly as an engine
 worker would (joining a torch.distributed group with the other instances of
-the model when tensor/pipeline parallel), so what it exports are the engine's
-own parameters: fused QKV, tied weights, non-persistent buffers. Every unique
-tensor is copied into segments with its strides; names that share a tensor
-become aliases.
+the model when tensor/pipeline parallel), through vLLM's own ``load_model``,
+so what it exports are the engine's own parameters: fused QKV, tied weights,
+non-persistent buffers, quantized layers.
 
-Post-processing (``process_weights_after_loading``): on CUDA the exported
-tensors are post-processed and the engine re-runs the hooks in
-already-processed mode. On CPU, vLLM's post-processing packs weights into
-closures (oneDNN handles), not parameters, so nothing of it could be exported:
-there the raw loaded weights are exported and the engine post-processes them
-itself (``attrs["vllm.processed"] == "0"``).
+Which form it exports (``attrs["vllm.form"]``), so that no post-processing
+step ever runs twice over the weights:
+
+- ``processed``: after ``process_weights_after_loading``; the engine re-runs
+  the hooks under vLLM's ``weights_already_processed`` (releases that have it,
+  on GPUs).
+- ``loaded``: loaded but not post-processed; the engine post-processes once.
+  Used on CPU (vLLM packs CPU weights into oneDNN handles kept in closures,
+  which no process can share) and with releases that have no
+  already-processed mode (vLLM 0.26/0.27). Layers that vLLM processed while
+  loading (online quantization processes each layer as soon as it is loaded)
+  are listed in ``attrs["vllm.processed_modules"]`` so that the engine marks
+  them done instead of processing them again.
+
+Memory: each storage (tied weights and views share one) is copied into the
+segment being filled and then freed with ``untyped_storage().resize_(0)``,
+segment by segment, so a fill needs the weights once plus one segment, not
+twice.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import socket
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import xxhash
@@ -26,10 +41,14 @@ import xxhash
 from wcached.config import ModelConfig
 from wcached.errors import FillError
 from wcached.keys import CacheKey
-from wcached.loaders.layout import FilledModel, PhaseClock, alias_entries, fill_segments, plan_layout
+from wcached.loaders.layout import FilledModel, PhaseClock, alias_entries, fill_segments_in_order, plan_layout
 from wcached.loaders.safetensors import DIGEST_ALGORITHM
 from wcached.memory.base import MemoryBackend, ProgressFn, SegmentWriter
 from wcached.protocol.messages import Manifest, SegmentInfo, TensorInfo
+
+# The attribute vLLM's online-quantization methods set on a layer they have
+# processed while loading (and check before processing again).
+PROCESSED_GUARD = "_already_called_process_weights_after_loading"
 
 
 def _free_port() -> int:
@@ -38,7 +57,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _span_bytes(t: Any) -> int:
+def span_bytes(t: Any) -> int:
     """Bytes from the tensor's first element to its last, strides included."""
     if t.numel() == 0:
         return 0
@@ -46,7 +65,9 @@ def _span_bytes(t: Any) -> int:
     return span * t.element_size()
 
 
-def _rank(model: ModelConfig, instance: str) -> int:
+def rank_of(model: ModelConfig, instance: str) -> int:
+    """This instance's rank; the daemon has already rewritten ``ranks`` keys to
+    the canonical instance id (operators write a GPU index, a UUID or cpuN)."""
     if instance in model.ranks:
         return model.ranks[instance]
     digits = "".join(ch for ch in instance if ch.isdigit())
@@ -57,15 +78,51 @@ def _rank(model: ModelConfig, instance: str) -> int:
     raise FillError(f"model {model.name!r}: no rank for instance {instance} (set model.ranks)")
 
 
-def build_model(model: ModelConfig, instance: str, device_type: str):
-    """vLLM config, then this rank's model loaded from disk (not post-processed)."""
+def has_preprocessed_mode() -> bool:
+    """Whether this vLLM can re-run post-processing over processed weights."""
+    try:
+        from vllm.model_executor.utils import weights_already_processed  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def _without_post_processing() -> Iterator[None]:
+    """vLLM's ``load_model`` with its final ``process_weights_after_loading``
+    left out (the engine runs it once, over the attached weights)."""
+    from vllm.model_executor.model_loader import base_loader
+
+    if not hasattr(base_loader, "process_weights_after_loading"):
+        raise FillError(
+            "this vLLM's BaseModelLoader.load_model does not call process_weights_after_loading "
+            "where wcached can leave it out; the loaded form cannot be exported"
+        )
+    original = base_loader.process_weights_after_loading
+    base_loader.process_weights_after_loading = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        base_loader.process_weights_after_loading = original
+
+
+@dataclass
+class BuiltModel:
+    vllm_config: Any
+    net: Any
+    form: str  # "processed" or "loaded"
+    rank: int
+    processed_modules: list[str] = field(default_factory=list)
+
+
+def build_model(model: ModelConfig, instance: str, device_type: str) -> BuiltModel:
+    """vLLM config, then this rank's model loaded by vLLM's own loader."""
     import torch
     from vllm.config import set_current_vllm_config
     from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
     from vllm.engine.arg_utils import EngineArgs
     from vllm.model_executor.model_loader import get_model_loader
     from vllm.platforms import current_platform
-    from vllm.utils.torch_utils import set_default_torch_dtype
 
     tp, pp = model.tensor_parallel_size, model.pipeline_parallel_size
     known = set(EngineArgs.__dataclass_fields__)
@@ -81,12 +138,16 @@ def build_model(model: ModelConfig, instance: str, device_type: str):
         **model.engine_args,
     )
     vllm_config = args.create_engine_config()
-    rank = _rank(model, instance)
+    rank = rank_of(model, instance)
     world = tp * pp
     if world > 1 and not model.rendezvous:
         raise FillError(f"model {model.name!r}: tensor/pipeline parallel needs model.rendezvous")
     init_method = model.rendezvous or f"tcp://127.0.0.1:{_free_port()}"
+    # On a GPU the worker sees only its own device (CUDA_VISIBLE_DEVICES is
+    # the instance's UUID), so every rank builds on its local device 0.
     local_rank = rank if device_type == "cpu" else 0
+    if device_type != "cpu":
+        torch.cuda.set_device(0)
     init_distributed_environment(
         world_size=world,
         rank=rank,
@@ -95,26 +156,72 @@ def build_model(model: ModelConfig, instance: str, device_type: str):
         backend=current_platform.dist_backend,
     )
     model_config = vllm_config.model_config
+    form = "processed" if device_type != "cpu" and has_preprocessed_mode() else "loaded"
     with set_current_vllm_config(vllm_config):
         ensure_model_parallel_initialized(tp, pp)
         loader = get_model_loader(vllm_config.load_config)
-        target = torch.device(vllm_config.device_config.device)
         try:
             from vllm.v1.worker.workspace import init_workspace_manager
 
-            init_workspace_manager(target)
+            init_workspace_manager(torch.device(vllm_config.device_config.device))
         except ImportError:  # older vLLM
             pass
-        with set_default_torch_dtype(model_config.dtype):
-            with target:
-                net = loader.create_model(vllm_config, model_config)
-            loader.load_weights(net, model_config)
-            processed = target.type != "cpu"
-            if processed:
-                from vllm.model_executor.model_loader.utils import process_weights_after_loading
+        if form == "processed":
+            net = loader.load_model(vllm_config=vllm_config, model_config=model_config)
+        else:
+            with _without_post_processing():
+                net = loader.load_model(vllm_config=vllm_config, model_config=model_config)
+    processed = [name for name, m in net.named_modules() if getattr(m, PROCESSED_GUARD, False)]
+    return BuiltModel(vllm_config, net.eval(), form, rank, processed)
 
-                process_weights_after_loading(net, model_config, target)
-    return vllm_config, net.eval(), processed, rank
+
+@dataclass
+class _Storage:
+    """One storage's byte span and the tensors that view it."""
+
+    start: int  # address of the first byte any of its tensors uses
+    nbytes: int
+    storage: Any
+    members: list[tuple[str, Any, str]] = field(default_factory=list)
+
+
+def group_by_storage(tensors: list[tuple[str, Any, str]]) -> list[_Storage]:
+    """Tensors grouped by the storage they view, in first-seen order; a
+    storage is copied once, however many tensors (views, ties) share it."""
+    by_storage: dict[int, _Storage] = {}
+    empty: list[_Storage] = []
+    for name, t, kind in tensors:
+        n = span_bytes(t)
+        if n == 0:
+            empty.append(_Storage(0, 0, None, [(name, t, kind)]))
+            continue
+        storage = t.untyped_storage()
+        key = storage.data_ptr()
+        ptr = t.data_ptr()
+        group = by_storage.get(key)
+        if group is None:
+            by_storage[key] = _Storage(ptr, n, storage, [(name, t, kind)])
+            continue
+        end = max(group.start + group.nbytes, ptr + n)
+        group.start = min(group.start, ptr)
+        group.nbytes = end - group.start
+        group.members.append((name, t, kind))
+    return list(by_storage.values()) + empty
+
+
+def _free(storage: Any) -> None:
+    # Dropping references is not enough: vLLM keeps some (FSDP2's
+    # free_storage does the same).
+    with contextlib.suppress(RuntimeError):  # not resizable (from_blob): cannot be freed here
+        storage.resize_(0)
+
+
+def _host_digest(ptr: int, nbytes: int) -> str:
+    view = memoryview((ctypes.c_char * nbytes).from_address(ptr)).cast("B")
+    try:
+        return xxhash.xxh3_128(view).hexdigest()
+    finally:
+        view.release()
 
 
 class VllmLoader:
@@ -127,7 +234,15 @@ class VllmLoader:
 
         clock = PhaseClock()
         device_type = "cpu" if backend.name == "host" else "cuda"
-        vllm_config, net, processed, _ = build_model(model, instance, device_type)
+        peak = _PeakMemory(backend)
+        built = build_model(model, instance, device_type)
+        net = built.net
+        peak.sample()
+        if device_type != "cpu":
+            import torch
+
+            # vLLM's transient peak while loading (quantizing, say).
+            peak.include(torch.cuda.max_memory_allocated())
         clock.lap("vllm_load")
 
         unique: list[tuple[str, Any, str]] = []
@@ -148,41 +263,61 @@ class VllmLoader:
         for name, b in net.named_buffers(remove_duplicate=False):
             add(name, b, "buffer")
 
+        storages = group_by_storage(unique)
         placements, seg_sizes = plan_layout(
-            ((n, _span_bytes(t)) for n, t, _ in unique), model.segment_bytes, model.alignment
+            ((g.members[0][0], g.nbytes) for g in storages), model.segment_bytes, model.alignment
         )
-        infos: list[TensorInfo] = []
+        by_segment: list[list[int]] = [[] for _ in seg_sizes]
+        for i, p in enumerate(placements):
+            by_segment[p.segment].append(i)
+        infos: dict[str, TensorInfo] = {}
+        digests = model.digest and device_type == "cpu"
+        if device_type != "cpu":
+            import torch
 
-        def copy(writers: list[SegmentWriter]) -> None:
-            done = 0
-            for (name, t, kind), p in zip(unique, placements, strict=True):
-                digest = ""
-                if p.nbytes:
-                    hasher = xxhash.xxh3_128() if model.digest and device_type == "cpu" else None
-                    writers[p.segment].copy_from_pointer(p.offset, t.data_ptr(), p.nbytes, hasher)
-                    digest = hasher.hexdigest() if hasher is not None else ""
-                infos.append(
-                    TensorInfo(
+            torch.cuda.synchronize()  # vLLM's kernels have written everything
+        done = 0
+
+        def copy(index: int, writer: SegmentWriter) -> None:
+            nonlocal done
+            peak.sample()
+            for i in by_segment[index]:
+                group, p = storages[i], placements[i]
+                if group.nbytes:
+                    writer.copy_from_pointer(p.offset, group.start, group.nbytes, None)
+                for name, t, kind in group.members:
+                    offset = p.offset + (t.data_ptr() - group.start if group.nbytes else 0)
+                    nbytes = span_bytes(t)
+                    infos[name] = TensorInfo(
                         name=name,
                         dtype=str(t.dtype).removeprefix("torch."),
                         shape=tuple(t.shape),
                         stride=tuple(t.stride()),
                         segment=p.segment,
-                        offset=p.offset,
-                        nbytes=p.nbytes,
+                        offset=offset,
+                        nbytes=nbytes,
                         kind=kind,
-                        digest=digest,
+                        digest=_host_digest(t.data_ptr(), nbytes) if digests and nbytes else "",
                     )
-                )
-                done += p.nbytes
+                done += group.nbytes
                 progress(done)
+            # This segment holds them now: give vLLM's copies back before the
+            # next segment is allocated.
+            for i in by_segment[index]:
+                if storages[i].storage is not None:
+                    _free(storages[i].storage)
+            if device_type != "cpu":
+                import torch
 
-        _, writers, fds = fill_segments(backend, model.name, seg_sizes, clock, copy)
-        infos += alias_entries(infos, aliases)
+                torch.cuda.empty_cache()
+
+        writers, fds = fill_segments_in_order(backend, model.name, seg_sizes, clock, copy)
+        entries = [infos[name] for name, _, _ in unique]
+        entries += alias_entries(entries, aliases)
 
         pp_group = get_pp_group()
         fields = vllm_key_fields(
-            vllm_config.model_config,
+            built.vllm_config.model_config,
             model.tensor_parallel_size,
             get_tensor_model_parallel_rank(),
             pp_group.world_size,
@@ -199,8 +334,13 @@ class VllmLoader:
             pp_rank=fields["pp_rank"],
             extra={k[6:]: str(v) for k, v in fields.items() if k.startswith("extra.")},
         )
-        attrs = {"vllm.processed": "1" if processed else "0"}
-        if model.digest and device_type == "cpu":
+        attrs = {
+            "vllm.form": built.form,
+            "vllm.processed_modules": ",".join(built.processed_modules),
+        }
+        if peak.bytes is not None:
+            attrs["fill.peak_device_bytes"] = str(peak.bytes)
+        if digests:
             attrs["digest"] = DIGEST_ALGORITHM
         try:
             from vllm.model_executor.model_loader.weight_cache.utils import export_model_attrs
@@ -215,9 +355,27 @@ class VllmLoader:
                 SegmentInfo(index=i, nbytes=w.nbytes, backend=backend.name, device=instance)
                 for i, w in enumerate(writers)
             ],
-            tensors=infos,
-            total_bytes=sum(p.nbytes for p in placements),
+            tensors=entries,
+            total_bytes=sum(g.nbytes for g in storages),
             filled_at=time.time(),
             attrs=attrs,
         )
-        return FilledModel(manifest, fds, clock.total(), clock.phases)
+        return FilledModel(manifest, fds, clock.total(), clock.phases, peak_device_bytes=peak.bytes)
+
+
+class _PeakMemory:
+    """Device memory this fill used at its peak, above what was in use before
+    it started (vLLM's copy, the segments, the CUDA context's growth)."""
+
+    def __init__(self, backend: MemoryBackend):
+        self.used = getattr(backend, "device_used_bytes", None)
+        self.base = self.used() if self.used else 0
+        self.bytes: int | None = 0 if self.used else None
+
+    def sample(self) -> None:
+        if self.used is not None:
+            self.include(self.used() - self.base)
+
+    def include(self, nbytes: int) -> None:
+        if self.bytes is not None:
+            self.bytes = max(self.bytes, nbytes)

@@ -55,11 +55,16 @@ def run(chan: Channel) -> None:
                 chan.send(FillProgress(model=name, done_bytes=done, total_bytes=0))
 
         filled = get_loader(model.loader).fill(model, backend, job.instance, progress)
+        peak = filled.peak_device_bytes
         log.info(
-            "%s filled in %.2f s: %s",
+            "%s filled in %.2f s: %s%s",
             model.name,
             filled.fill_seconds,
             ", ".join(f"{k} {v:.2f} s" for k, v in filled.phases.items()),
+            ""
+            if peak is None
+            else f"; peak device memory {peak / 2**30:.2f} GiB "
+            f"({peak / max(filled.manifest.total_bytes, 1):.2f}x the model)",
         )
         try:
             chan.send(

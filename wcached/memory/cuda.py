@@ -349,6 +349,12 @@ class CudaBackend(MemoryBackend):
         for st in list(self._stagings):
             check(self.cu.cuStreamSynchronize(st.stream), "cuStreamSynchronize")
 
+    def device_used_bytes(self) -> int:
+        """Bytes in use on this GPU (every process's), for a fill's peak."""
+        self._context()
+        free, total = check(self.cu.cuMemGetInfo(), "cuMemGetInfo")
+        return int(total) - int(free)
+
     def allocate(self, nbytes: int, label: str) -> CudaSegmentWriter:
         self._context()
         return CudaSegmentWriter(self, self.round_up(nbytes), label)

@@ -131,6 +131,8 @@ class StatusReply(_Msg, tag="status_reply"):
     uptime_s: float
     models: list[ModelStatus]
     clients: list[ClientStatus]
+    # The GPU's memory (0 for host memory): what the weights take of it.
+    device_memory_bytes: int = 0
 
 
 class Released(_Msg, tag="released"):
