@@ -31,9 +31,21 @@ def main() -> None:
     t0 = time.perf_counter()
     llm = LLM(**kwargs)
     init_s = time.perf_counter() - t0
+    first = SamplingParams(temperature=0, max_tokens=1, detokenize=False)
+    llm.generate([TokensPrompt(prompt_token_ids=PROMPTS[0])], first, use_tqdm=False)
+    first_token_s = time.perf_counter() - t0
     params = SamplingParams(temperature=0, max_tokens=12, detokenize=False)
     outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in PROMPTS], params, use_tqdm=False)
-    print("RESULT " + json.dumps({"tokens": [list(o.outputs[0].token_ids) for o in outs], "init_s": init_s}))
+    print(
+        "RESULT "
+        + json.dumps(
+            {
+                "tokens": [list(o.outputs[0].token_ids) for o in outs],
+                "init_s": init_s,
+                "first_token_s": first_token_s,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -1,0 +1,235 @@
+"""vLLM on GPUs, as operators run it (``-m "gpu and vllm"``, on the GPU machine).
+
+A daemon on a GPU fills a Llama-shaped checkpoint through vLLM; an engine with
+``--load-format wcache`` and ``fallback`` off generates what a disk engine
+generates (bf16, and with ``quantization="fp8"``), with a KV cache sized like
+the disk engine's; the daemon holds no CUDA context; and with two GPUs, a
+tensor-parallel pair of daemons serves a TP=2 engine.
+
+vLLM runs in this interpreter (the GPU host's ``PYTHONPATH=/var/tmp/site``
+bundle); the tests skip where it or a GPU is missing. Each test writes what it
+measured to ``$WCACHED_RESULTS`` (default ``bench/results``) as JSON lines.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO, run_daemon, start_daemon, write_config
+from wcached.demo import LLAMA_TINY, generate_llama
+
+pytestmark = [pytest.mark.gpu, pytest.mark.vllm, pytest.mark.slow]
+
+ENGINE = str(Path(__file__).with_name("vllm_engine.py"))
+RESULTS = Path(os.environ.get("WCACHED_RESULTS", REPO / "bench" / "results"))
+UTILIZATION = 0.3
+
+# About 1 GiB in bf16: big enough that weight memory shows in the KV-cache
+# sizing and in a fill's peak, small enough to generate in seconds.
+LLAMA_1G = {
+    **LLAMA_TINY,
+    "vocab_size": 32000,
+    "hidden_size": 2048,
+    "intermediate_size": 5632,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 4,
+    "head_dim": 128,
+    "max_position_embeddings": 2048,
+}
+
+
+def _vllm_version() -> str | None:
+    try:
+        import vllm
+    except ImportError:
+        return None
+    return vllm.__version__
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _needs_vllm() -> None:
+    if _vllm_version() is None:
+        pytest.skip("vLLM is not importable here (GPU host: PYTHONPATH=/var/tmp/site)")
+
+
+def _gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def record(test: str, **figures) -> None:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    line = {"test": test, "vllm": _vllm_version(), "date": time.strftime("%Y-%m-%d"), **figures}
+    with open(RESULTS / "vllm-gpu-tests.jsonl", "a") as f:
+        f.write(json.dumps(line) + "\n")
+
+
+def engine(model: Path, **overrides) -> dict:
+    """One engine in a fresh process: tokens, KV cache size, load time, log."""
+    env = dict(os.environ, VLLM_USE_FLASHINFER_SAMPLER="0")
+    overrides.setdefault("gpu_memory_utilization", UTILIZATION)
+    r = subprocess.run(
+        [sys.executable, ENGINE, str(model), json.dumps(overrides)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+    )
+    log = r.stdout + r.stderr
+    m = re.search(r"^RESULT (.*)$", r.stdout, re.M)
+    out = json.loads(m.group(1)) if m else {}
+    kv = re.search(r"Available KV cache memory: ([0-9.]+) GiB", log)
+    tokens = re.search(r"GPU KV cache size: ([0-9,]+) tokens", log)
+    load = re.search(r"Model loading took ([0-9.]+) GiB(?: memory)? and ([0-9.]+) seconds", log)
+    out.update(
+        rc=r.returncode,
+        log=log,
+        kv_gib=float(kv.group(1)) if kv else None,
+        kv_tokens=int(tokens.group(1).replace(",", "")) if tokens else None,
+        load_s=float(load.group(2)) if load else None,
+    )
+    return out
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    return generate_llama(tmp_path_factory.mktemp("llama") / "model", LLAMA_1G, shards=2, seed=5)
+
+
+def _config(work: Path, model_dir: Path, engine_args: dict | None = None, **model) -> Path:
+    return write_config(
+        work / "wcached.toml",
+        models=[
+            {
+                "name": "default",
+                "path": str(model_dir),
+                "loader": "vllm",
+                "dtype": "bfloat16",
+                # Small segments: the fill's peak is then the model plus one.
+                "segment_size": "256MiB",
+                "engine_args": {"max_model_len": 256, "enforce_eager": True, **(engine_args or {})},
+                **model,
+            }
+        ],
+        daemon={"socket_dir": str(work / "run"), "worker_python": sys.executable},
+    )
+
+
+def _fill_peak(log: str) -> tuple[float, float]:
+    m = re.search(r"peak device memory ([0-9.]+) GiB \(([0-9.]+)x the model\)", log)
+    assert m, log[-3000:]
+    return float(m.group(1)), float(m.group(2))
+
+
+def _no_cuda_in(pid: int) -> None:
+    maps = Path(f"/proc/{pid}/maps").read_text()
+    assert "libcuda" not in maps and "libtorch" not in maps
+    apps = subprocess.run(
+        ["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"], capture_output=True, text=True
+    ).stdout.split()
+    assert str(pid) not in apps
+
+
+@pytest.mark.parametrize("quantization", [None, "fp8"])
+def test_wcache_engine_on_gpu_matches_disk(work: Path, model_dir: Path, quantization: str | None) -> None:
+    q = {"quantization": quantization} if quantization else {}
+    disk = engine(model_dir, **q)
+    assert disk["rc"] == 0, disk["log"][-4000:]
+    cfg = _config(work, model_dir, engine_args=q)
+    with run_daemon(cfg, "0", timeout=600) as d:
+        _no_cuda_in(d.proc.pid)
+        peak_gib, peak_ratio = _fill_peak(d.log())
+        status = json.loads(
+            subprocess.run(
+                [sys.executable, "-m", "wcached", "status", "--config", str(cfg), "--json"],
+                capture_output=True,
+                text=True,
+            ).stdout
+        )[0]
+        held = status["models"][0]["bytes"]
+        share = held / status["device_memory_bytes"]
+        extra = {"socket_dir": d.socket_dir, "fallback": False}
+        # With a vLLM that cannot count external weights, the setting the
+        # engine's log and `wcached status` advise.
+        from vllm.model_executor.model_loader.base_loader import BaseModelLoader
+
+        hook = hasattr(BaseModelLoader, "get_external_weight_memory")
+        util = UTILIZATION if hook else round(UTILIZATION - share, 4)
+        out = engine(
+            model_dir, load_format="wcache", model_loader_extra_config=extra, gpu_memory_utilization=util, **q
+        )
+        assert out["rc"] == 0, out["log"][-4000:]
+        assert "wcached: bound" in out["log"]
+        if not hook:
+            assert f"set gpu_memory_utilization={UTILIZATION - share:.3f}" in out["log"]
+        _no_cuda_in(d.proc.pid)
+    assert out["tokens"] == disk["tokens"]
+    record(
+        f"gpu_matches_disk[{quantization or 'bf16'}]",
+        model_bytes=held,
+        fill_peak_gib=peak_gib,
+        fill_peak_x_model=peak_ratio,
+        kv_gib_disk=disk["kv_gib"],
+        kv_gib_wcache=out["kv_gib"],
+        kv_tokens_disk=disk["kv_tokens"],
+        kv_tokens_wcache=out["kv_tokens"],
+        utilization_disk=UTILIZATION,
+        utilization_wcache=util,
+        load_s_disk=disk["load_s"],
+        load_s_wcache=out["load_s"],
+        form=re.search(r"\((\w+) form\)", out["log"]).group(1),
+    )
+    # Weights once during the fill: the model plus one 256 MiB segment (and
+    # vLLM's transient buffers while quantizing), never twice the model.
+    model_gib = held / 2**30
+    assert peak_gib <= 1.25 * model_gib + 0.25, (peak_gib, model_gib)
+    # Memory counted once: the KV cache the disk engine gets, within 1 %.
+    assert abs(out["kv_gib"] - disk["kv_gib"]) <= 0.01 * disk["kv_gib"], (out["kv_gib"], disk["kv_gib"])
+
+
+def test_tensor_parallel_2_daemons_on_gpu0_and_gpu1(work: Path, model_dir: Path) -> None:
+    if _gpu_count() < 2:
+        pytest.skip("needs two GPUs (the nvidia-h200-x2 machine)")
+    disk = engine(model_dir, tensor_parallel_size=2)
+    assert disk["rc"] == 0, disk["log"][-4000:]
+    # ranks as the operator writes them: GPU indices.
+    cfg = _config(
+        work,
+        model_dir,
+        tensor_parallel_size=2,
+        rendezvous=f"tcp://127.0.0.1:{_port()}",
+        ranks={"0": 0, "1": 1},
+    )
+    daemons = [start_daemon(cfg, "0"), start_daemon(cfg, "1")]
+    try:
+        for d in daemons:
+            d.notify.wait_for("READY=1", 600, d.proc)
+        extra = {"socket_dir": daemons[0].socket_dir, "fallback": False}
+        out = engine(model_dir, load_format="wcache", model_loader_extra_config=extra, tensor_parallel_size=2)
+        assert out["rc"] == 0, out["log"][-4000:]
+        assert out["log"].count("wcached: bound") == 2
+        for d in daemons:
+            _no_cuda_in(d.proc.pid)
+    finally:
+        for d in daemons:
+            d.stop()
+            d.notify.close()
+    assert out["tokens"] == disk["tokens"]
+    record("tp2_gpu0_gpu1", kv_gib_disk=disk["kv_gib"], kv_gib_wcache=out["kv_gib"])
