@@ -239,6 +239,7 @@ def _make_loader_class() -> type:
                         if name not in modules:
                             raise WcacheError(f"processed layer {name!r} is not in this model")
                         setattr(modules[name], PROCESSED_GUARD, True)
+                        _set_up_kernels(modules[name])
                     process_weights_after_loading(model, model_config, device)
             return model.eval()
 
@@ -285,6 +286,19 @@ def _make_loader_class() -> type:
                 # The same object: a tie stays a tie.
                 obj = registered[e.alias_of]
                 put(e.name, obj, isinstance(obj, nn.Parameter))
+
+    def _set_up_kernels(layer: nn.Module) -> None:
+        """A layer processed while the daemon loaded it skips its quant
+        method's processing here (the guard), and with it the set-up of the
+        method's GEMM kernel objects, which hold state of their own (the
+        logical output width, say). Their processing only re-lays out weights
+        that are not yet in kernel format (padding to 16): over the processed
+        weights it sets that state and changes nothing."""
+        method = getattr(layer, "quant_method", None)
+        for kernel in vars(method).values() if method is not None else ():
+            hook = getattr(kernel, "process_weights_after_loading", None)
+            if hook is not None and not isinstance(kernel, nn.Module):
+                hook(layer)
 
     def _left_on_meta(model: nn.Module) -> None:
         """Every parameter and buffer must have come from the cache: one left

@@ -166,13 +166,35 @@ def build_model(model: ModelConfig, instance: str, device_type: str) -> BuiltMod
             init_workspace_manager(torch.device(vllm_config.device_config.device))
         except ImportError:  # older vLLM
             pass
-        if form == "processed":
+        if device_type == "cpu":
+            # vLLM's load_model empties an accelerator cache that a CPU host
+            # does not have; the engine's CPU worker creates and loads the
+            # model in these two steps too.
+            net = _create_and_load(loader, vllm_config, model_config)
+        elif form == "processed":
             net = loader.load_model(vllm_config=vllm_config, model_config=model_config)
         else:
             with _without_post_processing():
                 net = loader.load_model(vllm_config=vllm_config, model_config=model_config)
     processed = [name for name, m in net.named_modules() if getattr(m, PROCESSED_GUARD, False)]
     return BuiltModel(vllm_config, net.eval(), form, rank, processed)
+
+
+def _create_and_load(loader: Any, vllm_config: Any, model_config: Any) -> Any:
+    import torch
+    from vllm.utils.torch_utils import set_default_torch_dtype
+
+    with set_default_torch_dtype(model_config.dtype):
+        with torch.device(vllm_config.device_config.device):
+            create = getattr(loader, "create_model", None)
+            if create is not None:
+                net = create(vllm_config, model_config)
+            else:  # vLLM 0.26/0.27
+                from vllm.model_executor.model_loader.utils import initialize_model
+
+                net = initialize_model(vllm_config=vllm_config, model_config=model_config)
+        loader.load_weights(net, model_config)
+    return net
 
 
 @dataclass
