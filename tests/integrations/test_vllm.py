@@ -127,7 +127,10 @@ def test_tensor_parallel_2_on_cpu0_and_cpu1(vllm_python: str, work: Path, model_
     daemons = [start_daemon(cfg, "cpu0"), start_daemon(cfg, "cpu1")]
     try:
         for d in daemons:
-            d.notify.wait_for("READY=1", 300, d.proc)
+            try:
+                d.notify.wait_for("READY=1", 300, d.proc)
+            except RuntimeError as e:
+                raise RuntimeError(f"{e}\n--- daemon log ---\n{d.log()[-6000:]}") from None
         extra = {"socket_dir": daemons[0].socket_dir, "fallback": False}
         tp2 = {"tensor_parallel_size": 2, "load_format": "wcache", "model_loader_extra_config": extra}
         out = engine(vllm_python, model_dir, **tp2)

@@ -201,8 +201,10 @@ def test_wcache_engine_on_gpu_matches_disk(work: Path, model_dir: Path, quantiza
     )
     # Weights once during the fill: the model plus one 256 MiB segment (and
     # vLLM's transient buffers while quantizing), never twice the model.
-    model_gib = held / 2**30
-    assert peak_gib <= 1.25 * model_gib + 0.25, (peak_gib, model_gib)
+    # The loaded checkpoint's size bounds vLLM's own transient (fp8 quantizes
+    # layer by layer from bf16, as a disk engine does).
+    loaded_gib = max(held, sum(f.stat().st_size for f in model_dir.glob("*.safetensors"))) / 2**30
+    assert peak_gib <= 1.25 * loaded_gib + 0.25, (peak_gib, loaded_gib)
     # Memory counted once: the KV cache the disk engine gets, within 1 %.
     assert abs(out["kv_gib"] - disk["kv_gib"]) <= 0.01 * disk["kv_gib"], (out["kv_gib"], disk["kv_gib"])
 
@@ -223,7 +225,10 @@ def test_tensor_parallel_2_daemons_on_gpu0_and_gpu1(work: Path, model_dir: Path)
     daemons = [start_daemon(cfg, "0"), start_daemon(cfg, "1")]
     try:
         for d in daemons:
-            d.notify.wait_for("READY=1", 600, d.proc)
+            try:
+                d.notify.wait_for("READY=1", 600, d.proc)
+            except RuntimeError as e:
+                raise RuntimeError(f"{e}\n--- daemon log ---\n{d.log()[-6000:]}") from None
         extra = {"socket_dir": daemons[0].socket_dir, "fallback": False}
         out = engine(model_dir, load_format="wcache", model_loader_extra_config=extra, tensor_parallel_size=2)
         assert out["rc"] == 0, out["log"][-4000:]

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import socket
 import time
 from collections.abc import Iterator
@@ -129,13 +130,23 @@ def build_model(model: ModelConfig, instance: str, device_type: str) -> BuiltMod
     unknown = sorted(set(model.engine_args) - known)
     if unknown:
         raise FillError(f"model {model.name!r}: unknown vLLM engine_args {unknown}")
+    extra: dict[str, Any] = dict(model.engine_args)
+    if tp * pp > 1:
+        # Each instance's worker is one rank and sees one GPU; an explicit
+        # backend keeps vLLM from asking for all of them in this process
+        # (nothing is launched: the worker joins the ranks itself).
+        extra.setdefault("distributed_executor_backend", "mp")
+        # vLLM's custom all-reduce maps every rank's GPU into each process;
+        # a fill runs no collective kernels, and each worker sees one GPU.
+        extra.setdefault("disable_custom_all_reduce", True)
+        os.environ.setdefault("VLLM_ALLREDUCE_USE_SYMM_MEM", "0")
     args = EngineArgs(
         model=model.path,
         dtype=model.dtype,
         tensor_parallel_size=tp,
         pipeline_parallel_size=pp,
         skip_tokenizer_init=True,
-        **model.engine_args,
+        **extra,
     )
     vllm_config = args.create_engine_config()
     rank = rank_of(model, instance)
@@ -148,6 +159,11 @@ def build_model(model: ModelConfig, instance: str, device_type: str) -> BuiltMod
     local_rank = rank if device_type == "cpu" else 0
     if device_type != "cpu":
         torch.cuda.set_device(0)
+    # An engine worker sets this from its config before joining its group.
+    from vllm.distributed import parallel_state
+
+    if hasattr(parallel_state, "set_custom_all_reduce"):
+        parallel_state.set_custom_all_reduce(not vllm_config.parallel_config.disable_custom_all_reduce)
     init_distributed_environment(
         world_size=world,
         rank=rank,
