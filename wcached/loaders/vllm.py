@@ -154,6 +154,9 @@ def build_model(model: ModelConfig, instance: str, device_type: str) -> BuiltMod
     if world > 1 and not model.rendezvous:
         raise FillError(f"model {model.name!r}: tensor/pipeline parallel needs model.rendezvous")
     init_method = model.rendezvous or f"tcp://127.0.0.1:{_free_port()}"
+    # vLLM's CPU communicator names its shared-memory group by this (its CPU
+    # executor sets it in an engine); the same on every rank of the fill.
+    os.environ.setdefault("VLLM_DIST_IDENT", f"wcached-{init_method.rsplit(':', 1)[-1]}")
     # On a GPU the worker sees only its own device (CUDA_VISIBLE_DEVICES is
     # the instance's UUID), so every rank builds on its local device 0.
     local_rank = rank if device_type == "cpu" else 0
