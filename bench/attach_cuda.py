@@ -32,21 +32,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import DATA, REPO, summary, write_result
+from common import DATA, LLAMA8B, REPO, summary, write_result
 
 from tests.helpers import run_daemon, write_config
-from wcached.demo import LLAMA_TINY, llama_shapes
-
-LLAMA8B = {
-    **LLAMA_TINY,
-    "vocab_size": 128256,
-    "hidden_size": 4096,
-    "intermediate_size": 14336,
-    "num_hidden_layers": 32,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-}
+from wcached.demo import llama_shapes
 
 
 def many_shapes() -> list[tuple[str, tuple[int, ...]]]:

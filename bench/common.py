@@ -15,6 +15,20 @@ RESULTS = REPO / "bench" / "results"
 DATA = REPO / "bench" / "data"
 sys.path.insert(0, str(REPO))
 
+from wcached.demo import LLAMA_TINY  # noqa: E402
+
+# An 8B-shaped Llama (Llama 3 8B's shapes), about 16 GB in bf16.
+LLAMA8B = {
+    **LLAMA_TINY,
+    "vocab_size": 128256,
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+}
+
 
 def machine() -> dict:
     cpu = ""

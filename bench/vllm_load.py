@@ -19,7 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import summary, write_result
 
 from tests.helpers import run_daemon
-from tests.integrations.test_vllm import VLLM_PYTHONS, _config, engine
+from tests.integrations.test_vllm import VLLM_PYTHONS, engine
+from tests.integrations.vllm_engine import vllm_daemon_config
 from wcached.demo import LLAMA_TINY, generate_llama
 
 BIGGER = {
@@ -42,7 +43,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="wcached-vllm-bench-"))
     model = generate_llama(work / "model", BIGGER, shards=2, seed=3)
     python = VLLM_PYTHONS[args.vllm]
-    cfg = _config(python, work, model)
+    cfg = vllm_daemon_config(python, work, model)
     rows: dict[str, list[float]] = {
         "disk_load_s": [],
         "wcache_load_s": [],

@@ -190,6 +190,14 @@ def start_daemon(
     return Daemon(proc, sock, log_path, notify, sdir)
 
 
+def wait_ready(d: Daemon, timeout: float) -> None:
+    """Until the daemon said READY=1; its log in the error if it never does."""
+    try:
+        d.notify.wait_for("READY=1", timeout, d.proc)
+    except (RuntimeError, TimeoutError) as e:
+        raise RuntimeError(f"{e}\n--- daemon log ---\n{d.log()[-8000:]}") from None
+
+
 @contextlib.contextmanager
 def run_daemon(
     config: Path, instance: str = "cpu0", env: dict | None = None, timeout: float = 60
@@ -197,10 +205,7 @@ def run_daemon(
     """A real daemon process, yielded once it reported READY=1."""
     d = start_daemon(config, instance, env)
     try:
-        try:
-            d.notify.wait_for("READY=1", timeout, d.proc)
-        except (RuntimeError, TimeoutError) as e:
-            raise RuntimeError(f"{e}\n--- daemon log ---\n{d.log()}") from None
+        wait_ready(d, timeout)
         yield d
     finally:
         if d.proc.poll() is None:

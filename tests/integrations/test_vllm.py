@@ -11,21 +11,19 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import socket
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, run_daemon, write_config
+from tests.helpers import REPO, run_daemon, wait_ready
+from tests.integrations.vllm_engine import free_port, run_engine, vllm_daemon_config
 from wcached.demo import generate_llama
 
 VLLM_PYTHONS = {
     "0.32": str(REPO / "build" / "vllm-venv" / "bin" / "python"),
     "0.27": str(REPO / "build" / "vllm-venv-0.27" / "bin" / "python"),
 }
-ENGINE = str(Path(__file__).with_name("vllm_engine.py"))
 
 pytestmark = pytest.mark.slow
 
@@ -42,22 +40,10 @@ def vllm_python(request) -> str:
 
 def engine(python: str, model: Path, **overrides) -> dict:
     """Run one engine; returns tokens, init time and the engine's log."""
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1")
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1"}
     if overrides.get("tensor_parallel_size", 1) > 1:
         env["VLLM_CPU_OMP_THREADS_BIND"] = "0|1"
-    r = subprocess.run(
-        [python, ENGINE, str(model), json.dumps(overrides)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-    )
-    log = r.stdout + r.stderr
-    m = re.search(r"^RESULT (.*)$", r.stdout, re.M)
-    out = json.loads(m.group(1)) if m else {}
-    load = re.search(r"wcached: (?:bound .*?|loaded .*? from disk) in ([0-9.]+) s", log)
-    out.update(rc=r.returncode, log=log, load_s=float(load.group(1)) if load else None)
-    return out
+    return run_engine(python, str(model), overrides, env)
 
 
 @pytest.fixture(scope="module")
@@ -72,33 +58,10 @@ def disk(vllm_python: str, model_dir: Path) -> dict:
     return out
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _config(python: str, work: Path, model_dir: Path, **model) -> Path:
-    return write_config(
-        work / "wcached.toml",
-        models=[
-            {
-                "name": "default",
-                "path": str(model_dir),
-                "loader": "vllm",
-                "dtype": "bfloat16",
-                "engine_args": {"max_model_len": 256, "enforce_eager": True},
-                **model,
-            }
-        ],
-        daemon={"socket_dir": str(work / "run"), "worker_python": python},
-    )
-
-
 def test_wcache_engine_generates_what_the_disk_engine_does(
     vllm_python: str, work: Path, model_dir: Path, disk: dict
 ) -> None:
-    cfg = _config(vllm_python, work, model_dir)
+    cfg = vllm_daemon_config(vllm_python, work, model_dir)
     with run_daemon(cfg, timeout=300) as d:
         extra = {"socket_dir": d.socket_dir, "fallback": False}
         out = engine(vllm_python, model_dir, load_format="wcache", model_loader_extra_config=extra)
@@ -118,8 +81,8 @@ def test_wcache_engine_generates_what_the_disk_engine_does(
 def test_tensor_parallel_2_on_cpu0_and_cpu1(vllm_python: str, work: Path, model_dir: Path) -> None:
     disk2 = engine(vllm_python, model_dir, tensor_parallel_size=2)
     assert disk2["rc"] == 0, disk2["log"][-4000:]
-    cfg = _config(
-        vllm_python, work, model_dir, tensor_parallel_size=2, rendezvous=f"tcp://127.0.0.1:{_port()}"
+    cfg = vllm_daemon_config(
+        vllm_python, work, model_dir, tensor_parallel_size=2, rendezvous=f"tcp://127.0.0.1:{free_port()}"
     )
     from tests.helpers import start_daemon
 
@@ -127,10 +90,7 @@ def test_tensor_parallel_2_on_cpu0_and_cpu1(vllm_python: str, work: Path, model_
     daemons = [start_daemon(cfg, "cpu0"), start_daemon(cfg, "cpu1")]
     try:
         for d in daemons:
-            try:
-                d.notify.wait_for("READY=1", 300, d.proc)
-            except RuntimeError as e:
-                raise RuntimeError(f"{e}\n--- daemon log ---\n{d.log()[-6000:]}") from None
+            wait_ready(d, 300)
         extra = {"socket_dir": daemons[0].socket_dir, "fallback": False}
         tp2 = {"tensor_parallel_size": 2, "load_format": "wcache", "model_loader_extra_config": extra}
         out = engine(vllm_python, model_dir, **tp2)
@@ -155,7 +115,7 @@ def test_absent_daemon_falls_back_to_disk_and_says_why(
 
 
 def test_dtype_mismatch_without_fallback_names_dtype(vllm_python: str, work: Path, model_dir: Path) -> None:
-    cfg = _config(vllm_python, work, model_dir)
+    cfg = vllm_daemon_config(vllm_python, work, model_dir)
     with run_daemon(cfg, timeout=300) as d:
         extra = {"socket_dir": d.socket_dir, "fallback": False}
         out = engine(

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -24,12 +23,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, run_daemon, start_daemon, write_config
+from tests.helpers import REPO, run_daemon, start_daemon, wait_ready
+from tests.integrations.vllm_engine import free_port, run_engine, vllm_daemon_config
 from wcached.demo import LLAMA_TINY, generate_llama
 
 pytestmark = [pytest.mark.gpu, pytest.mark.vllm, pytest.mark.slow]
 
-ENGINE = str(Path(__file__).with_name("vllm_engine.py"))
 RESULTS = Path(os.environ.get("WCACHED_RESULTS", REPO / "bench" / "results"))
 UTILIZATION = 0.3
 
@@ -76,36 +75,9 @@ def record(test: str, **figures) -> None:
 
 
 def engine(model: Path, **overrides) -> dict:
-    """One engine in a fresh process: tokens, KV cache size, load time, log."""
-    env = dict(os.environ, VLLM_USE_FLASHINFER_SAMPLER="0")
+    """One engine in a fresh process, in this interpreter."""
     overrides.setdefault("gpu_memory_utilization", UTILIZATION)
-    r = subprocess.run(
-        [sys.executable, ENGINE, str(model), json.dumps(overrides)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env=env,
-    )
-    log = r.stdout + r.stderr
-    m = re.search(r"^RESULT (.*)$", r.stdout, re.M)
-    out = json.loads(m.group(1)) if m else {}
-    kv = re.search(r"Available KV cache memory: ([0-9.]+) GiB", log)
-    tokens = re.search(r"GPU KV cache size: ([0-9,]+) tokens", log)
-    load = re.search(r"Model loading took ([0-9.]+) GiB(?: memory)? and ([0-9.]+) seconds", log)
-    out.update(
-        rc=r.returncode,
-        log=log,
-        kv_gib=float(kv.group(1)) if kv else None,
-        kv_tokens=int(tokens.group(1).replace(",", "")) if tokens else None,
-        load_s=float(load.group(2)) if load else None,
-    )
-    return out
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return run_engine(sys.executable, str(model), overrides, {"VLLM_USE_FLASHINFER_SAMPLER": "0"}, 900)
 
 
 @pytest.fixture(scope="module")
@@ -113,23 +85,10 @@ def model_dir(tmp_path_factory) -> Path:
     return generate_llama(tmp_path_factory.mktemp("llama") / "model", LLAMA_1G, shards=2, seed=5)
 
 
-def _config(work: Path, model_dir: Path, engine_args: dict | None = None, **model) -> Path:
-    return write_config(
-        work / "wcached.toml",
-        models=[
-            {
-                "name": "default",
-                "path": str(model_dir),
-                "loader": "vllm",
-                "dtype": "bfloat16",
-                # Small segments: the fill's peak is then the model plus one.
-                "segment_size": "256MiB",
-                "engine_args": {"max_model_len": 256, "enforce_eager": True, **(engine_args or {})},
-                **model,
-            }
-        ],
-        daemon={"socket_dir": str(work / "run"), "worker_python": sys.executable},
-    )
+def _config(work: Path, model_dir: Path, **model: object) -> Path:
+    # Small segments: the fill's peak is then the model plus one.
+    model.setdefault("segment_size", "256MiB")
+    return vllm_daemon_config(sys.executable, work, model_dir, **model)
 
 
 def _fill_peak(log: str) -> tuple[float, float]:
@@ -195,8 +154,8 @@ def test_wcache_engine_on_gpu_matches_disk(work: Path, model_dir: Path, quantiza
         kv_tokens_wcache=out["kv_tokens"],
         utilization_disk=UTILIZATION,
         utilization_wcache=util,
-        load_s_disk=disk["load_s"],
-        load_s_wcache=out["load_s"],
+        load_s_disk=disk["vllm_load_s"],
+        load_s_wcache=out["vllm_load_s"],
         form=re.search(r"\((\w+) form\)", out["log"]).group(1),
     )
     # Weights once during the fill: the model plus one 256 MiB segment (and
@@ -219,16 +178,13 @@ def test_tensor_parallel_2_daemons_on_gpu0_and_gpu1(work: Path, model_dir: Path)
         work,
         model_dir,
         tensor_parallel_size=2,
-        rendezvous=f"tcp://127.0.0.1:{_port()}",
+        rendezvous=f"tcp://127.0.0.1:{free_port()}",
         ranks={"0": 0, "1": 1},
     )
     daemons = [start_daemon(cfg, "0"), start_daemon(cfg, "1")]
     try:
         for d in daemons:
-            try:
-                d.notify.wait_for("READY=1", 600, d.proc)
-            except RuntimeError as e:
-                raise RuntimeError(f"{e}\n--- daemon log ---\n{d.log()[-6000:]}") from None
+            wait_ready(d, 600)
         extra = {"socket_dir": daemons[0].socket_dir, "fallback": False}
         out = engine(model_dir, load_format="wcache", model_loader_extra_config=extra, tensor_parallel_size=2)
         assert out["rc"] == 0, out["log"][-4000:]

@@ -1,15 +1,21 @@
 """Run a real vLLM engine once and print what it generated, as JSON.
 
-Used by the tests and bench/vllm_load.py with the vLLM interpreter:
+Used by the tests and benchmarks with the vLLM interpreter:
     python vllm_engine.py MODEL_DIR '{"load_format": "wcache", ...}'
 Prompts are token ids (the test checkpoint has no tokenizer); decoding is greedy.
+:func:`run_engine` runs it from the host side and reads what it printed.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import socket
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 PROMPTS = [[1, 5, 9, 42], [1, 100, 200], [1, 7, 7, 7, 300, 12], [1, 1999, 3, 64]]
 
@@ -46,6 +52,64 @@ def main() -> None:
             }
         )
     )
+
+
+def run_engine(python: str, model: str, overrides: dict, env: dict[str, str], timeout: float = 600) -> dict:
+    """One engine in a fresh process: its tokens, start-up times, KV cache
+    size, load times (wcached's line and vLLM's own) and log."""
+    r = subprocess.run(
+        [python, __file__, str(model), json.dumps(overrides)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=dict(os.environ, **env),
+    )
+    log = r.stdout + r.stderr
+    m = re.search(r"^RESULT (.*)$", r.stdout, re.M)
+    out = json.loads(m.group(1)) if m else {}
+
+    def number(pattern: str, group: int = 1) -> float | None:
+        found = re.search(pattern, log)
+        return float(found.group(group).replace(",", "")) if found else None
+
+    out.update(
+        rc=r.returncode,
+        log=log,
+        load_s=number(r"wcached: (?:bound .*?|loaded .*? from disk) in ([0-9.]+) s"),
+        vllm_load_s=number(r"Model loading took ([0-9.]+) GiB(?: memory)? and ([0-9.]+) seconds", 2),
+        kv_gib=number(r"Available KV cache memory: ([0-9.]+) GiB"),
+        kv_tokens=number(r"GPU KV cache size: ([0-9,]+) tokens"),
+    )
+    return out
+
+
+def vllm_daemon_config(
+    python: str, work: Path, model_dir: Path, engine_args: dict | None = None, **model: object
+) -> Path:
+    """A daemon config serving ``model_dir`` through the vLLM loader, its
+    worker in ``python``; ``engine_args`` add to a short eager engine's."""
+    from tests.helpers import write_config
+
+    return write_config(
+        work / "wcached.toml",
+        models=[
+            {
+                "name": "default",
+                "path": str(model_dir),
+                "loader": "vllm",
+                "dtype": "bfloat16",
+                "engine_args": {"max_model_len": 256, "enforce_eager": True, **(engine_args or {})},
+                **model,
+            }
+        ],
+        daemon={"socket_dir": str(work / "run"), "worker_python": python},
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 if __name__ == "__main__":
