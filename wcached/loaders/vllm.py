@@ -58,6 +58,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _is_loopback(init_method: str) -> bool:
+    host = init_method.removeprefix("tcp://").rsplit(":", 1)[0].strip("[]")
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
 def span_bytes(t: Any) -> int:
     """Bytes from the tensor's first element to its last, strides included."""
     if t.numel() == 0:
@@ -154,6 +159,12 @@ def build_model(model: ModelConfig, instance: str, device_type: str) -> BuiltMod
     if world > 1 and not model.rendezvous:
         raise FillError(f"model {model.name!r}: tensor/pipeline parallel needs model.rendezvous")
     init_method = model.rendezvous or f"tcp://127.0.0.1:{_free_port()}"
+    if world > 1 and _is_loopback(init_method):
+        # The ranks are instances on this host: gloo and NCCL talk over
+        # loopback, not over whatever interface the host name resolves to
+        # (which the unit's IPAddressDeny= blocks, and which may not resolve).
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
     # vLLM's CPU communicator names its shared-memory group by this (its CPU
     # executor sets it in an engine); the same on every rank of the fill.
     os.environ.setdefault("VLLM_DIST_IDENT", f"wcached-{init_method.rsplit(':', 1)[-1]}")
