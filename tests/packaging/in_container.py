@@ -346,6 +346,10 @@ def main() -> None:
     def _():
         return fill_under_unit(["cpu0"], 1)
 
+    @check("vllm_fill_tp2_under_unit")
+    def _():
+        return fill_under_unit(["cpu0", "cpu1"], 2)
+
     @check("target_starts_and_stops_enabled_instances")
     def _():
         sh("systemctl enable wcached@cpu0 wcached@cpu1", check=True)

@@ -53,6 +53,7 @@ CHECKS = [
     "config_error_exit_78_no_restart",
     "watchdog_stall_restarts",
     "vllm_fill_tp1_under_unit",
+    "vllm_fill_tp2_under_unit",
     "target_starts_and_stops_enabled_instances",
     "upgrade_restarts_running_instances",
     "remove_stops_instances",

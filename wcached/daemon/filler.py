@@ -51,6 +51,11 @@ def fill_models(
     python = settings.worker_python or sys.executable
     env = dict(os.environ, WCACHED_LOG_LEVEL=settings.log_level)
     env.pop("CUDA_VISIBLE_DEVICES", None)
+    # vLLM's message queues between the ranks of a tensor-parallel fill meet
+    # at ZeroMQ IPC sockets under this directory (default: /tmp). Under the
+    # unit every instance has a private /tmp; the socket directory is the one
+    # place all instances of this config share.
+    env.setdefault("VLLM_RPC_BASE_PATH", settings.socket_dir)
     if device.kind == "cuda":
         # The worker sees its own GPU only: an engine rank it builds (vLLM
         # tensor parallel) then lands on it as device 0, and it can touch no
