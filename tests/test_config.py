@@ -89,6 +89,11 @@ def test_instance_table_matches_gpu_alias(tmp_path: Path) -> None:
             "tcp://host:port",
         ),
         (
+            '[[model]]\nname = "a"\npath = "p"\nloader = "vllm"\nrendezvous = "tcp://10.0.0.5:29555"\n',
+            "model[0].rendezvous",
+            "loopback",
+        ),
+        (
             '[[model]]\nname = "a"\npath = "p"\nloader = "vllm"\ntensor_parallel_size = 2\n'
             'ranks = { "0" = 0, "1" = 2 }\n',
             "model[0].ranks.1",

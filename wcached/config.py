@@ -259,6 +259,14 @@ def _check(cfg: Config, path: str) -> None:
             raise ConfigError(path, f"{key}.tensor_parallel_size", 'parallel layouts need loader = "vllm"')
         if m.rendezvous and not re.fullmatch(r"tcp://[^:/]+:\d+", m.rendezvous):
             raise ConfigError(path, f"{key}.rendezvous", f"expected tcp://host:port, got {m.rendezvous!r}")
+        if m.rendezvous and not re.fullmatch(r"tcp://(127\.[0-9.]+|localhost):\d+", m.rendezvous):
+            # The ranks are instances on this host, and the unit allows
+            # loopback only: another address would hang the fill.
+            raise ConfigError(
+                path,
+                f"{key}.rendezvous",
+                f"must be a loopback address (tcp://127.0.0.1:PORT), got {m.rendezvous!r}",
+            )
         world = m.tensor_parallel_size * m.pipeline_parallel_size
         for inst, rank in m.ranks.items():
             if not 0 <= rank < world:

@@ -57,30 +57,58 @@ def test_storages_are_copied_once_for_views_and_ties() -> None:
     other = torch.ones(3)
     groups = group_by_storage(
         [
+            ("w_tail", base[2:], "param"),  # a view that starts later, seen first
             ("w", base, "param"),
             ("w_t", base.t(), "param"),  # a view: same storage
-            ("w_tail", base[2:], "param"),  # a view starting later
+            ("w_bytes", base.view(torch.uint8), "param"),  # another dtype, same storage
             ("b", other, "buffer"),
             ("empty", torch.zeros(0), "buffer"),
         ]
     )
-    assert [[n for n, _, _ in g.members] for g in groups] == [["w", "w_t", "w_tail"], ["b"], ["empty"]]
+    assert [[n for n, _, _ in g.members] for g in groups] == [
+        ["w_tail", "w", "w_t", "w_bytes"],
+        ["b"],
+        ["empty"],
+    ]
+    # One span from the lowest address any member uses, copied once.
     assert groups[0].start == base.data_ptr() and groups[0].nbytes == 96
     assert groups[1].nbytes == 12 and groups[2].nbytes == 0
 
 
+def test_a_span_starts_aligned_so_members_keep_their_alignment() -> None:
+    big = torch.zeros(1024, dtype=torch.float32)
+    tail = big[37:]  # 148 bytes into its storage
+    (group,) = group_by_storage([("tail", tail, "param")], alignment=64)
+    assert group.start == big.data_ptr() + 128  # aligned down from +148
+    assert (tail.data_ptr() - group.start) % 4 == 0  # its element size
+    assert group.nbytes == tail.numel() * 4 + 20
+
+
 def test_segments_are_filled_one_at_a_time_and_freed_on_failure() -> None:
-    backend = HostBackend()
-    seen: list[int] = []
+    events: list[str] = []
+
+    class Recording(HostBackend):
+        def allocate(self, nbytes: int, label: str):
+            writer = super().allocate(nbytes, label)
+            events.append(f"allocate {label}")
+            finish = writer.finish
+
+            def recorded_finish() -> int:
+                events.append(f"seal {label}")
+                return finish()
+
+            writer.finish = recorded_finish
+            return writer
 
     def fill_one(i: int, writer) -> None:
-        seen.append(i)
-        # The earlier segment is sealed before this one is allocated.
-        assert len(seen) == i + 1
+        events.append(f"fill {i}")
         writer.write_bytes(0, memoryview(bytes([i + 1]) * 8), None)
 
+    backend = Recording()
     _, fds = fill_segments_in_order(backend, "m", [4096, 4096], PhaseClock(), fill_one)
-    assert seen == [0, 1] and len(fds) == 2
+    # The first segment is sealed before the second is allocated: a loader
+    # frees what it copied in between.
+    assert events == ["allocate m.0", "fill 0", "seal m.0", "allocate m.1", "fill 1", "seal m.1"]
     assert os.pread(fds[1], 8, 0) == b"\x02" * 8
     for fd in fds:
         os.close(fd)

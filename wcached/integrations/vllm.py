@@ -67,7 +67,7 @@ def _make_loader_class() -> type:
 
     from wcached.client import attach
     from wcached.errors import WcacheError
-    from wcached.loaders.vllm import PROCESSED_GUARD
+    from wcached.integrations.vllm_keys import PROCESSED_GUARD
 
     class WcacheModelLoader(BaseModelLoader):
         def __init__(self, load_config: Any):
@@ -109,8 +109,13 @@ def _make_loader_class() -> type:
 
         def load_model(self, vllm_config: Any, model_config: Any, prefix: str = "") -> nn.Module:
             started = time.perf_counter()
+            early = _EARLY.pop(self._early_key(), None)
+            if early is _DISK:
+                # The KV cache was sized without external weights: stay on disk
+                # even if the daemon has come up since.
+                return self._from_disk(vllm_config, model_config, prefix, started)
             try:
-                att = _take_early_attachment(self) or self._attach(model_config)
+                att = early or self._attach(model_config)
             except WcacheError as e:
                 if not self.fallback:
                     raise
@@ -145,17 +150,23 @@ def _make_loader_class() -> type:
             worker will map from the daemon, so that the KV cache is sized as
             if the engine had loaded them itself. Attaches now (the same
             attachment is bound by load_model); 0 when it will load from disk."""
+            key = self._early_key()
+            displaced = _EARLY.pop(key, None)
+            if displaced not in (None, _DISK):
+                displaced.close()
             try:
                 att = self._attach(vllm_config.model_config)
             except WcacheError as e:
                 if not self.fallback:
                     raise
                 log.warning("wcached: %s; the weights will be loaded from disk", e)
+                _EARLY[key] = _DISK
                 return 0
-            _EARLY[self._early_key()] = att
+            _EARLY[key] = att
             return mapped_weight_bytes(att.manifest)
 
         def _early_key(self) -> tuple:
+            # One engine process is one worker (one rank of one model).
             return (self.socket_dir, self.model_name, self._instance())
 
         def _from_disk(self, vllm_config: Any, model_config: Any, prefix: str, started: float) -> Any:
@@ -204,7 +215,8 @@ def _make_loader_class() -> type:
 
         def _bind(self, vllm_config: Any, model_config: Any, prefix: str, att: Any) -> nn.Module:
             attrs = att.manifest.attrs
-            form = attrs.get("vllm.form", "loaded")
+            # Manifests before "vllm.form" said "vllm.processed" = "1" or "0".
+            form = attrs.get("vllm.form") or ("processed" if attrs.get("vllm.processed") == "1" else "loaded")
             device = torch.device(self.load_config.device or vllm_config.device_config.device)
             already_processed = None
             if form == "processed":
@@ -227,11 +239,14 @@ def _make_loader_class() -> type:
                 for key, value in attrs.items():
                     if key.startswith("vllm.attr."):
                         setattr(model, key[len("vllm.attr.") :], value == "1")
-                _left_on_meta(model)
                 if already_processed is not None:
                     with already_processed():
                         process_weights_after_loading(model, model_config, device)
+                    # After the hooks, as vLLM's own cache loader checks: the
+                    # fill's processing may have dropped placeholders.
+                    _left_on_meta(model)
                 else:
+                    _left_on_meta(model)
                     # Layers vLLM processed while the daemon loaded them
                     # (online quantization): marked done, never processed twice.
                     modules = dict(model.named_modules())
@@ -319,10 +334,8 @@ def _make_loader_class() -> type:
 # Attachments made by get_external_weight_memory, taken by load_model (vLLM
 # builds a new loader object for each call).
 _EARLY: dict[tuple, Any] = {}
-
-
-def _take_early_attachment(loader: Any) -> Any:
-    return _EARLY.pop(loader._early_key(), None)
+# In _EARLY: the hook found the cache unusable and reported 0 bytes.
+_DISK = object()
 
 
 def mapped_weight_bytes(manifest: Any) -> int:

@@ -15,6 +15,11 @@ from typing import Any
 
 from wcached.errors import WcacheError
 
+# vLLM's mark on a layer its quant method processed while loading (online
+# quantization processes each layer as soon as it is loaded); the loader
+# worker lists such layers and the engine marks them done.
+PROCESSED_GUARD = "_already_called_process_weights_after_loading"
+
 
 def checkpoint_fingerprint_or_empty(path: str) -> str:
     from wcached.loaders.safetensors import checkpoint_fingerprint

@@ -41,21 +41,29 @@ import xxhash
 
 from wcached.config import ModelConfig
 from wcached.errors import FillError
+from wcached.integrations.vllm_keys import PROCESSED_GUARD
 from wcached.keys import CacheKey
 from wcached.loaders.layout import FilledModel, PhaseClock, alias_entries, fill_segments_in_order, plan_layout
 from wcached.loaders.safetensors import DIGEST_ALGORITHM
 from wcached.memory.base import MemoryBackend, ProgressFn, SegmentWriter
 from wcached.protocol.messages import Manifest, SegmentInfo, TensorInfo
 
-# The attribute vLLM's online-quantization methods set on a layer they have
-# processed while loading (and check before processing again).
-PROCESSED_GUARD = "_already_called_process_weights_after_loading"
-
 
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+# What the operator's environment set: theirs wins over ours.
+_OPERATOR_ENV = frozenset(os.environ)
+
+
+def _set_env(name: str, value: str) -> None:
+    """Set for this model's fill (a worker fills every model of its
+    instance in turn, so a value must not carry over from the last one)."""
+    if name not in _OPERATOR_ENV:
+        os.environ[name] = value
 
 
 def _is_loopback(init_method: str) -> bool:
@@ -74,13 +82,13 @@ def span_bytes(t: Any) -> int:
 def rank_of(model: ModelConfig, instance: str) -> int:
     """This instance's rank; the daemon has already rewritten ``ranks`` keys to
     the canonical instance id (operators write a GPU index, a UUID or cpuN)."""
+    if model.tensor_parallel_size * model.pipeline_parallel_size == 1:
+        return 0
     if instance in model.ranks:
         return model.ranks[instance]
     digits = "".join(ch for ch in instance if ch.isdigit())
     if instance.startswith("cpu") and digits:
         return int(digits)
-    if model.tensor_parallel_size * model.pipeline_parallel_size == 1:
-        return 0
     raise FillError(f"model {model.name!r}: no rank for instance {instance} (set model.ranks)")
 
 
@@ -144,7 +152,7 @@ def build_model(model: ModelConfig, instance: str, device_type: str) -> BuiltMod
         # vLLM's custom all-reduce maps every rank's GPU into each process;
         # a fill runs no collective kernels, and each worker sees one GPU.
         extra.setdefault("disable_custom_all_reduce", True)
-        os.environ.setdefault("VLLM_ALLREDUCE_USE_SYMM_MEM", "0")
+        _set_env("VLLM_ALLREDUCE_USE_SYMM_MEM", "0")
     args = EngineArgs(
         model=model.path,
         dtype=model.dtype,
@@ -163,11 +171,11 @@ def build_model(model: ModelConfig, instance: str, device_type: str) -> BuiltMod
         # The ranks are instances on this host: gloo and NCCL talk over
         # loopback, not over whatever interface the host name resolves to
         # (which the unit's IPAddressDeny= blocks, and which may not resolve).
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
+        _set_env("GLOO_SOCKET_IFNAME", "lo")
+        _set_env("NCCL_SOCKET_IFNAME", "lo")
     # vLLM's CPU communicator names its shared-memory group by this (its CPU
     # executor sets it in an engine); the same on every rank of the fill.
-    os.environ.setdefault("VLLM_DIST_IDENT", f"wcached-{init_method.rsplit(':', 1)[-1]}")
+    _set_env("VLLM_DIST_IDENT", f"wcached-{model.name}-{init_method.rsplit(':', 1)[-1]}")
     # On a GPU the worker sees only its own device (CUDA_VISIBLE_DEVICES is
     # the instance's UUID), so every rank builds on its local device 0.
     local_rank = rank if device_type == "cpu" else 0
@@ -186,7 +194,6 @@ def build_model(model: ModelConfig, instance: str, device_type: str) -> BuiltMod
         backend=current_platform.dist_backend,
     )
     model_config = vllm_config.model_config
-    form = "processed" if device_type != "cpu" and has_preprocessed_mode() else "loaded"
     with set_current_vllm_config(vllm_config):
         ensure_model_parallel_initialized(tp, pp)
         loader = get_model_loader(vllm_config.load_config)
@@ -196,16 +203,31 @@ def build_model(model: ModelConfig, instance: str, device_type: str) -> BuiltMod
             init_workspace_manager(torch.device(vllm_config.device_config.device))
         except ImportError:  # older vLLM
             pass
+        form = "loaded"
         if device_type == "cpu":
             # vLLM's load_model empties an accelerator cache that a CPU host
             # does not have; the engine's CPU worker creates and loads the
             # model in these two steps too.
             net = _create_and_load(loader, vllm_config, model_config)
-        elif form == "processed":
-            net = loader.load_model(vllm_config=vllm_config, model_config=model_config)
         else:
             with _without_post_processing():
                 net = loader.load_model(vllm_config=vllm_config, model_config=model_config)
+            # Processed here only where the engine can re-run every layer's
+            # hooks in vLLM's already-processed mode (a quant method without
+            # supports_pre_processed_weights would refuse it); otherwise the
+            # engine post-processes the loaded form once.
+            if has_preprocessed_mode() and all(
+                getattr(m.quant_method, "supports_pre_processed_weights", False)
+                for _, m in net.named_modules()
+                if getattr(m, "quant_method", None) is not None
+            ):
+                from vllm.model_executor.model_loader.utils import process_weights_after_loading
+                from vllm.utils.torch_utils import set_default_torch_dtype
+
+                target = torch.device(vllm_config.device_config.device)
+                with set_default_torch_dtype(model_config.dtype):
+                    process_weights_after_loading(net, model_config, target)
+                form = "processed"
     processed = [name for name, m in net.named_modules() if getattr(m, PROCESSED_GUARD, False)]
     return BuiltModel(vllm_config, net.eval(), form, rank, processed)
 
@@ -237,7 +259,7 @@ class _Storage:
     members: list[tuple[str, Any, str]] = field(default_factory=list)
 
 
-def group_by_storage(tensors: list[tuple[str, Any, str]]) -> list[_Storage]:
+def group_by_storage(tensors: list[tuple[str, Any, str]], alignment: int = 256) -> list[_Storage]:
     """Tensors grouped by the storage they view, in first-seen order; a
     storage is copied once, however many tensors (views, ties) share it."""
     by_storage: dict[int, _Storage] = {}
@@ -252,10 +274,13 @@ def group_by_storage(tensors: list[tuple[str, Any, str]]) -> list[_Storage]:
         ptr = t.data_ptr()
         group = by_storage.get(key)
         if group is None:
-            by_storage[key] = _Storage(ptr, n, storage, [(name, t, kind)])
-            continue
+            group = by_storage[key] = _Storage(ptr, n, storage, [])
         end = max(group.start + group.nbytes, ptr + n)
-        group.start = min(group.start, ptr)
+        # The span starts at a multiple of `alignment` from the storage's
+        # base, so every member keeps its alignment (and element size
+        # multiple) when the span lands at an aligned segment offset.
+        start = min(group.start, ptr)
+        group.start = key + (start - key) // alignment * alignment
         group.nbytes = end - group.start
         group.members.append((name, t, kind))
     return list(by_storage.values()) + empty
@@ -286,6 +311,12 @@ class VllmLoader:
 
         clock = PhaseClock()
         device_type = "cpu" if backend.name == "host" else "cuda"
+        if device_type != "cpu":
+            import torch
+
+            # This model's peak, not the last one's (measurement only).
+            with contextlib.suppress(RuntimeError):
+                torch.cuda.reset_peak_memory_stats()
         peak = _PeakMemory(backend)
         built = build_model(model, instance, device_type)
         net = built.net
@@ -315,7 +346,7 @@ class VllmLoader:
         for name, b in net.named_buffers(remove_duplicate=False):
             add(name, b, "buffer")
 
-        storages = group_by_storage(unique)
+        storages = group_by_storage(unique, model.alignment)
         placements, seg_sizes = plan_layout(
             ((g.members[0][0], g.nbytes) for g in storages), model.segment_bytes, model.alignment
         )
