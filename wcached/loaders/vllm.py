@@ -305,6 +305,7 @@ class VllmLoader:
     def fill(
         self, model: ModelConfig, backend: MemoryBackend, instance: str, progress: ProgressFn
     ) -> FilledModel:
+        import torch
         from vllm.distributed import get_pp_group, get_tensor_model_parallel_rank
 
         from wcached.integrations.vllm_keys import vllm_key_fields
@@ -312,8 +313,6 @@ class VllmLoader:
         clock = PhaseClock()
         device_type = "cpu" if backend.name == "host" else "cuda"
         if device_type != "cpu":
-            import torch
-
             # This model's peak, not the last one's (measurement only).
             with contextlib.suppress(RuntimeError):
                 torch.cuda.reset_peak_memory_stats()
@@ -322,8 +321,6 @@ class VllmLoader:
         net = built.net
         peak.sample()
         if device_type != "cpu":
-            import torch
-
             # vLLM's transient peak while loading (quantizing, say).
             peak.include(torch.cuda.max_memory_allocated())
         clock.lap("vllm_load")
@@ -356,8 +353,6 @@ class VllmLoader:
         infos: dict[str, TensorInfo] = {}
         digests = model.digest and device_type == "cpu"
         if device_type != "cpu":
-            import torch
-
             torch.cuda.synchronize()  # vLLM's kernels have written everything
         done = 0
 
@@ -390,8 +385,6 @@ class VllmLoader:
                 if storages[i].storage is not None:
                     _free(storages[i].storage)
             if device_type != "cpu":
-                import torch
-
                 torch.cuda.empty_cache()
 
         writers, fds = fill_segments_in_order(backend, model.name, seg_sizes, clock, copy)
@@ -421,8 +414,6 @@ class VllmLoader:
             "vllm.form": built.form,
             "vllm.processed_modules": ",".join(built.processed_modules),
         }
-        if peak.bytes is not None:
-            attrs["fill.peak_device_bytes"] = str(peak.bytes)
         if digests:
             attrs["digest"] = DIGEST_ALGORITHM
         try:
