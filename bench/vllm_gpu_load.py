@@ -17,6 +17,7 @@ without compilation.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import statistics
@@ -38,7 +39,8 @@ from wcached.demo import llama_shapes
 
 def generate_on_gpu(out: Path, cfg: dict, shard_bytes: int = 4 << 30) -> Path:
     """Random bf16 weights made on the GPU and written shard by shard
-    (the pure-Python generator of wcached.demo would take minutes at 16 GB)."""
+    (the pure-Python generator of wcached.demo would take minutes at 16 GB);
+    host memory holds one shard at a time."""
     import json
 
     import torch
@@ -46,21 +48,25 @@ def generate_on_gpu(out: Path, cfg: dict, shard_bytes: int = 4 << 30) -> Path:
 
     out.mkdir(parents=True, exist_ok=True)
     g = torch.Generator(device="cuda").manual_seed(0)
-    shards: list[dict] = [{}]
+    shapes = list(llama_shapes(cfg))
+    groups: list[list[tuple[str, tuple[int, ...]]]] = [[]]
     size = 0
-    for name, shape in llama_shapes(cfg):
+    for name, shape in shapes:
         if size >= shard_bytes:
-            shards.append({})
+            groups.append([])
             size = 0
-        if name.endswith("norm.weight"):
-            t = torch.ones(shape, dtype=torch.bfloat16, device="cuda")
-        else:
-            t = (torch.randn(shape, generator=g, device="cuda", dtype=torch.bfloat16) * 0.02).contiguous()
-        shards[-1][name] = t.cpu()
-        size += t.numel() * 2
+        groups[-1].append((name, shape))
+        size += 2 * math.prod(shape)
     weight_map = {}
-    for i, part in enumerate(shards):
-        fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+    for i, group in enumerate(groups):
+        part = {}
+        for name, shape in group:
+            if name.endswith("norm.weight"):
+                t = torch.ones(shape, dtype=torch.bfloat16, device="cuda")
+            else:
+                t = torch.randn(shape, generator=g, device="cuda", dtype=torch.bfloat16) * 0.02
+            part[name] = t.cpu()
+        fname = f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors"
         save_file(part, str(out / fname))
         weight_map.update(dict.fromkeys(part, fname))
     index = {"metadata": {}, "weight_map": weight_map}
