@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import array
 import contextlib
 import json
 import os
@@ -124,29 +125,88 @@ def tied_model_config(work: Path, ckpt: Path, segment_size: str, **daemon) -> Pa
 
 
 class NotifyListener:
-    """A stand-in for systemd's notify socket."""
+    """A stand-in for systemd's notify socket, and for the unit's fd store:
+    fds sent with ``FDSTORE=1`` are kept under their ``FDNAME=`` (a second fd
+    under a name is kept too, as systemd does), ``FDSTOREREMOVE=1`` closes
+    them, and :func:`start_daemon` hands them to the next daemon as
+    ``LISTEN_FDS``/``LISTEN_FDNAMES`` exactly as systemd does."""
 
     def __init__(self, directory: Path):
         self.path = str(directory / f"notify-{time.monotonic_ns()}.sock")
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.sock.bind(self.path)
         self.messages: list[str] = []
+        self.store: list[tuple[str, int]] = []
+
+    def _receive(self, timeout: float) -> None:
+        self.sock.settimeout(timeout)
+        data, anc, _, _ = self.sock.recvmsg(65536, socket.CMSG_SPACE(253 * 4))
+        fds: list[int] = []
+        for level, kind, payload in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds += array.array("i", payload[: len(payload) - len(payload) % 4])
+        text = data.decode()
+        fields = dict(line.split("=", 1) for line in text.split("\n") if "=" in line)
+        if fields.get("FDSTORE") == "1":
+            self.store += [(fields.get("FDNAME", "stored"), fd) for fd in fds]
+        else:
+            for fd in fds:
+                os.close(fd)
+        if fields.get("FDSTOREREMOVE") == "1":
+            gone = [fd for name, fd in self.store if name == fields.get("FDNAME")]
+            self.store = [(name, fd) for name, fd in self.store if name != fields.get("FDNAME")]
+            for fd in gone:
+                os.close(fd)
+        self.messages.append(text)
+
+    def drain(self) -> None:
+        """Take in whatever is queued (fd-store messages sent after READY)."""
+        while self.sock.fileno() != -1:
+            try:
+                self._receive(0.05)
+            except TimeoutError:
+                return
 
     def wait_for(self, field: str, timeout: float, proc: subprocess.Popen | None = None) -> str:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if any(field in m.split("\n") for m in self.messages):
                 return next(m for m in self.messages if field in m.split("\n"))
-            self.sock.settimeout(0.2)
             try:
-                self.messages.append(self.sock.recv(65536).decode())
+                self._receive(0.2)
             except TimeoutError:
                 if proc is not None and proc.poll() is not None:
                     raise RuntimeError(f"daemon exited with {proc.returncode} before {field}") from None
         raise TimeoutError(f"no {field} within {timeout}s; got {self.messages}")
 
-    def close(self) -> None:
+    def stored_names(self) -> list[str]:
+        self.drain()
+        return [name for name, _ in self.store]
+
+    def close(self, keep_store: bool = False) -> None:
+        self.drain()
         self.sock.close()
+        if not keep_store:
+            for _, fd in self.store:
+                os.close(fd)
+            self.store = []
+
+
+# Puts the fds named in WCACHED_TEST_FDS at 3, 4, ... and sets LISTEN_PID to
+# its own pid before exec'ing the daemon: what systemd does for a unit.
+_LISTEN_EXEC = """
+import fcntl, os, sys
+fds = [int(x) for x in os.environ.pop("WCACHED_TEST_FDS").split(",") if x]
+high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 3 + len(fds) + 64) for fd in fds]
+for fd in fds:
+    os.close(fd)
+for i, fd in enumerate(high):
+    os.dup2(fd, 3 + i)
+    os.close(fd)
+os.environ["LISTEN_PID"] = str(os.getpid())
+os.environ["LISTEN_FDS"] = str(len(fds))
+os.execv(sys.executable, [sys.executable, *sys.argv[1:]])
+"""
 
 
 @dataclass
@@ -168,22 +228,33 @@ class Daemon:
 
 
 def start_daemon(
-    config: Path, instance: str = "cpu0", env: dict | None = None, work: Path | None = None
+    config: Path,
+    instance: str = "cpu0",
+    env: dict | None = None,
+    work: Path | None = None,
+    store_from: NotifyListener | None = None,
 ) -> Daemon:
+    """A daemon process; ``store_from``: the notify listener of a previous
+    daemon of this instance, whose fd store this one gets (as after a restart)."""
     work = work or config.parent
     notify = NotifyListener(work)
     log_path = work / f"daemon-{instance}-{time.monotonic_ns()}.log"
     from wcached.config import load_config
 
     sdir = load_config(config).daemon.socket_dir
-    full_env = dict(os.environ, NOTIFY_SOCKET=notify.path, PYTHONUNBUFFERED="1", **(env or {}))
+    full_env = {**os.environ, "NOTIFY_SOCKET": notify.path, "PYTHONUNBUFFERED": "1", **(env or {})}
+    argv = [sys.executable, "-m", "wcached", "serve", instance, "--config", str(config)]
+    pass_fds: list[int] = []
+    if store_from is not None:
+        store_from.drain()
+        notify.store = store_from.store
+        store_from.store = []
+        pass_fds = [fd for _, fd in notify.store]
+        full_env["WCACHED_TEST_FDS"] = ",".join(map(str, pass_fds))
+        full_env["LISTEN_FDNAMES"] = ":".join(name for name, _ in notify.store)
+        argv = [sys.executable, "-c", _LISTEN_EXEC, *argv[1:]]
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "wcached", "serve", instance, "--config", str(config)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=full_env,
-        )
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=full_env, pass_fds=pass_fds)
     from wcached.device import resolve_instance
 
     sock = os.path.join(sdir, f"{resolve_instance(instance).instance_id}.sock")

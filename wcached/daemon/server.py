@@ -14,6 +14,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from wcached import __version__
@@ -80,6 +81,8 @@ class Server:
         self._sessions: dict[int, Session] = {}
         self._lock = threading.Lock()
         self.changed = threading.Event()  # client count changed: refresh STATUS=
+        # Called after a client released a model (the service drops it from the fd store).
+        self.on_released: Callable[[HeldModel], None] | None = None
 
     # -- listening --------------------------------------------------------
 
@@ -270,6 +273,8 @@ class Server:
             raise PermissionRefused("release is reserved to root and the daemon's own user")
         held = self._model(req.model)
         held.release()
+        if self.on_released is not None:
+            self.on_released(held)
         with self._lock:
             attached = sum(1 for s in self._sessions.values() if req.model in s.models)
         log.warning(

@@ -13,14 +13,20 @@ import os
 import selectors
 import signal
 import stat
+import sys
 import time
 
+import msgspec
+
 from wcached import __version__
-from wcached.config import ConfigError, InstanceSettings, instance_settings, load_config
-from wcached.daemon.filler import FillAborted, fill_models
+from wcached.config import ConfigError, InstanceSettings, ModelConfig, instance_settings, load_config
+from wcached.daemon.fdstore import FdStore, group_by_model, listen_fds
+from wcached.daemon.filler import FillAborted, fill_models, with_canonical_ranks
 from wcached.daemon.lock import InstanceLock
 from wcached.daemon.peers import AccessPolicy
+from wcached.daemon.restore import NotRestorable, checkpoint_stamps, loader_environment, make_record, restore
 from wcached.daemon.server import Server
+from wcached.daemon.state import HeldModel
 from wcached.daemon.systemd import Notifier
 from wcached.device import Device, resolve_instance
 from wcached.errors import WcacheError
@@ -38,6 +44,7 @@ class Service:
         self.device = device
         self.policy = policy
         self.notifier = Notifier()
+        self.store = FdStore(self.notifier)
         self.stop_signal: int | None = None
         self.server: Server | None = None
 
@@ -58,6 +65,8 @@ class Service:
     # -- lifecycle --------------------------------------------------------
 
     def run(self) -> int:
+        # Taken first: no child (the loader worker) may inherit them.
+        stored = listen_fds()
         wakeup = self._install_signals()
         s = self.settings
         prepare_socket_dir(s.socket_dir)
@@ -66,10 +75,14 @@ class Service:
             if os.path.lexists(s.socket_path):
                 log.info("removing stale socket %s", s.socket_path)
                 os.unlink(s.socket_path)
-            models = self._fill()
-            if models is None:
+            restored = self._restore(stored)
+            filled = self._fill([m for m in s.models if m.name not in restored])
+            if filled is None:
                 return 0
+            by_name = {**restored, **filled}
+            models = {m.name: by_name[m.name] for m in s.models}
             self.server = Server(s, self.device, models, self.policy)
+            self.server.on_released = self._forget
             self.server.bind()
             total = sum(m.manifest.total_bytes for m in models.values())
             log.info(
@@ -91,8 +104,92 @@ class Service:
             lock.release()
             log.info("stopped")
 
-    def _fill(self):
-        names = ", ".join(m.name for m in self.settings.models)
+    # -- the fd store -----------------------------------------------------
+
+    def _restore(self, stored: dict[str, int]) -> dict[str, HeldModel]:
+        """The configured models the store kept and that still match; stale
+        and unknown entries leave the store."""
+        entries, unknown = group_by_model(stored)
+        if unknown:
+            log.warning(
+                "dropping %d fd(s) of unknown names from the store: %s", len(unknown), ", ".join(unknown)
+            )
+            self.store.remove(unknown)
+        restored: dict[str, HeldModel] = {}
+        python = self.settings.worker_python or sys.executable
+        for model in self.settings.models:
+            entry = entries.pop(model.name, None)
+            if entry is None:
+                continue
+            started = time.monotonic()
+            try:
+                held = restore(
+                    entry, with_canonical_ranks(model, self.device), self.device.instance_id, python
+                )
+            except NotRestorable as e:
+                log.warning("refilling %s, because %s", model.name, e)
+                entry.close()
+                self.store.remove(entry.names)
+                continue
+            restored[model.name] = held
+            m = held.manifest
+            log.info(
+                "restored %s from the fd store: %d tensors, %.1f MiB in %d segment(s) in %.0f ms, "
+                "no checkpoint read",
+                model.name,
+                len(m.tensors),
+                m.total_bytes / 2**20,
+                len(m.segments),
+                (time.monotonic() - started) * 1000,
+            )
+        for entry in entries.values():
+            log.info("dropping %s from the fd store: no longer configured for this instance", entry.model)
+            entry.close()
+            self.store.remove(entry.names)
+        return restored
+
+    def _keep(self, filled: dict[str, HeldModel], stamps: dict[str, tuple]) -> None:
+        """Hand each new fill to the store, so that a restart serves it again."""
+        if not self.store.enabled:
+            return
+        for name, held in filled.items():
+            if name not in stamps:
+                continue
+            model, environment, files = stamps[name]
+            record = make_record(
+                model, self.device.instance_id, environment, files, held.manifest, held.fill_seconds
+            )
+            if self.store.store(record, held.fds):
+                log.info("%s kept in the fd store (%d segment fds)", name, len(held.fds))
+            else:
+                log.warning("%s not kept in the fd store: a restart will refill it", name)
+
+    def _stamp(self, models: list[ModelConfig]) -> dict[str, tuple]:
+        """Before filling: what the fill is made from, so that a checkpoint
+        rewritten while it is read is not stamped as what was read."""
+        if not self.store.enabled:
+            return {}
+        python = self.settings.worker_python or sys.executable
+        stamps = {}
+        for m in models:
+            canonical = with_canonical_ranks(m, self.device)
+            try:
+                stamps[m.name] = (canonical, loader_environment(m, python), checkpoint_stamps(m.path))
+            except NotRestorable as e:
+                log.warning("%s will not be kept in the fd store: %s", m.name, e)
+        return stamps
+
+    def _forget(self, held: HeldModel) -> None:
+        """A released model leaves the store too: its memory is freed once the
+        last attached client lets go, restarts included."""
+        self.store.remove_model(held.name, len(held.manifest.segments))
+
+    # -- filling ----------------------------------------------------------
+
+    def _fill(self, todo: list[ModelConfig]) -> dict[str, HeldModel] | None:
+        if not todo:
+            return {}
+        names = ", ".join(m.name for m in todo)
         self.notifier.status(f"filling {names}")
         self.notifier.extend_timeout(EXTEND_S)
         started = time.monotonic()
@@ -103,13 +200,16 @@ class Service:
             if self.notifier.watchdog_due():
                 self.notifier.ping_watchdog()
 
+        stamps = self._stamp(todo)
+        settings = msgspec.structs.replace(self.settings, models=tuple(todo))
         try:
-            models = fill_models(self.settings, self.device, tick, lambda: self.stop_signal is not None)
+            models = fill_models(settings, self.device, tick, lambda: self.stop_signal is not None)
         except FillAborted:
             log.info("stopped by signal %d while filling", self.stop_signal)
             self.notifier.stopping()
             return None
         log.info("filled %d model(s) in %.2f s", len(models), time.monotonic() - started)
+        self._keep(models, stamps)
         return models
 
     def _loop(self, wakeup: int) -> None:

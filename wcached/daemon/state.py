@@ -31,6 +31,12 @@ class HeldModel:
                 raise ModelReleased(f"model {self.name!r} was released; restart the daemon to refill")
             return [os.dup(fd) for fd in self._fds]
 
+    @property
+    def fds(self) -> list[int]:
+        """The fds that keep the memory (owned here: callers must not close them)."""
+        with self._lock:
+            return list(self._fds)
+
     def release(self) -> None:
         with self._lock:
             if self.released_at is None:

@@ -1,0 +1,224 @@
+"""Restarts served from the fd store: real daemons, a stand-in for systemd's
+store (tests.helpers.NotifyListener) that hands the fds back as LISTEN_FDS."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.helpers import (
+    Daemon,
+    as_bytes,
+    load_reference,
+    start_daemon,
+    tied_model_config,
+    wait_ready,
+    write_config,
+)
+from wcached.client import attach
+from wcached.client.connection import DaemonConnection
+from wcached.daemon.fdstore import fd_name
+
+
+@pytest.fixture
+def ckpt(work: Path, sharded_ckpt: Path) -> Path:
+    """A copy the test may rewrite."""
+    return Path(shutil.copytree(sharded_ckpt, work / "ckpt"))
+
+
+def _up(config: Path, store_from: Daemon | None = None) -> Daemon:
+    d = start_daemon(config, "cpu0", store_from=store_from.notify if store_from else None)
+    wait_ready(d, 60)
+    d.notify.drain()
+    return d
+
+
+def _kill(d: Daemon, sig: int = signal.SIGKILL) -> None:
+    d.stop(sig)
+    d.notify.close(keep_store=True)
+
+
+def _same_bytes(a, b) -> bool:
+    return all(torch.equal(as_bytes(a.tensors[n]), as_bytes(b.tensors[n])) for n in a.tensors)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["crash", "restart"])
+def test_restart_restores_without_reading_the_checkpoint(work: Path, ckpt: Path, sig: int) -> None:
+    cfg = tied_model_config(work, ckpt, "64KiB")
+    first = _up(cfg)
+    segments = None
+    try:
+        old = attach("default", "cpu0", socket_dir=first.socket_dir)
+        segments = len(old.manifest.segments)
+        # Segments first, the record last, every name saying model and part.
+        names = first.notify.stored_names()
+        assert names == [fd_name("default", f"seg{i}") for i in range(segments)] + [
+            fd_name("default", "manifest")
+        ]
+        _kill(first, sig)
+        second = _up(cfg, store_from=first)
+    except BaseException:
+        first.stop(signal.SIGKILL)
+        raise
+    try:
+        log = second.log()
+        assert "restored default from the fd store" in log, log
+        # Only the loader worker reads checkpoints, and none was started.
+        assert "loader worker" not in log, log
+        with attach("default", "cpu0", socket_dir=second.socket_dir) as new:
+            assert new.manifest == old.manifest
+            assert _same_bytes(new, old)
+            reference = load_reference(ckpt)
+            for name, ref in reference.items():
+                assert torch.equal(as_bytes(new.tensors[name]), as_bytes(ref)), name
+        # The store still holds the model for the next restart, once.
+        assert sorted(second.notify.stored_names()) == sorted(names)
+    finally:
+        old.close()
+        second.stop()
+        second.notify.close()
+
+
+def _restart_reason(work: Path, cfg_before: Path, change, cfg_after: Path | None = None) -> str:
+    first = _up(cfg_before)
+    _kill(first)
+    change()
+    second = _up(cfg_after or cfg_before, store_from=first)
+    try:
+        log = second.log()
+        assert "restored default" not in log, log
+        assert "loader worker" in log, log
+        # The refill replaced what was stored: one set of names, the new one.
+        names = second.notify.stored_names()
+        assert len(names) == len(set(names)), names
+        with attach("default", "cpu0", socket_dir=second.socket_dir) as a:
+            assert len(names) == len(a.manifest.segments) + 1
+        return next(line for line in log.splitlines() if "refilling default, because" in line)
+    finally:
+        second.stop()
+        second.notify.close()
+
+
+def test_modified_checkpoint_is_refilled_naming_the_file(work: Path, ckpt: Path) -> None:
+    cfg = tied_model_config(work, ckpt, "64KiB")
+    shard = sorted(ckpt.glob("*.safetensors"))[0]
+
+    def touch() -> None:
+        st = shard.stat()
+        os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+
+    line = _restart_reason(work, cfg, touch)
+    assert f"checkpoint file {shard.name} of {ckpt} was modified" in line
+
+
+def test_replaced_checkpoint_file_is_refilled(work: Path, ckpt: Path) -> None:
+    cfg = tied_model_config(work, ckpt, "64KiB")
+    shard = sorted(ckpt.glob("*.safetensors"))[0]
+
+    def replace() -> None:
+        # Same bytes, same mtime, a new inode: a re-export copied into place.
+        tmp = shard.with_suffix(".new")
+        shutil.copy2(shard, tmp)
+        os.replace(tmp, shard)
+
+    line = _restart_reason(work, cfg, replace)
+    assert f"checkpoint file {shard.name} of {ckpt} was replaced" in line
+
+
+def _config(path: Path, work: Path, ckpt: Path, **model: object) -> Path:
+    return write_config(
+        path,
+        models=[{"name": "default", "path": str(ckpt), **model}],
+        daemon={"socket_dir": str(work / "run")},
+    )
+
+
+def test_changed_model_settings_are_refilled_naming_them(work: Path, ckpt: Path) -> None:
+    before = _config(work / "before.toml", work, ckpt, segment_size="64KiB")
+    after = _config(work / "after.toml", work, ckpt, segment_size="128KiB", digest=False)
+    line = _restart_reason(work, before, lambda: None, after)
+    assert "its [[model]] settings changed: digest, segment_size" in line
+
+
+def test_model_no_longer_configured_leaves_the_store(work: Path, ckpt: Path) -> None:
+    both = write_config(
+        work / "both.toml",
+        models=[{"name": "default", "path": str(ckpt)}, {"name": "other", "path": str(ckpt)}],
+        daemon={"socket_dir": str(work / "run")},
+    )
+    one = write_config(
+        work / "one.toml",
+        models=[{"name": "default", "path": str(ckpt)}],
+        daemon={"socket_dir": str(work / "run")},
+    )
+    first = _up(both)
+    assert any(n.startswith(fd_name("other", "")) for n in first.notify.stored_names())
+    _kill(first)
+    second = _up(one, store_from=first)
+    try:
+        log = second.log()
+        assert "restored default" in log and "loader worker" not in log, log
+        assert "dropping other from the fd store: no longer configured" in log, log
+        assert not any(n.startswith(fd_name("other", "")) for n in second.notify.stored_names())
+    finally:
+        second.stop()
+        second.notify.close()
+
+
+def test_segments_without_their_record_are_refilled(work: Path, ckpt: Path) -> None:
+    """A daemon killed while storing leaves segments without the record."""
+    cfg = tied_model_config(work, ckpt, "64KiB")
+    first = _up(cfg)
+    _kill(first)
+    record = fd_name("default", "manifest")
+    os.close(next(fd for name, fd in first.notify.store if name == record))
+    first.notify.store = [(n, fd) for n, fd in first.notify.store if n != record]
+    second = _up(cfg, store_from=first)
+    try:
+        log = second.log()
+        assert "refilling default, because its record is missing from the store" in log, log
+        names = second.notify.stored_names()
+        assert record in names and len(names) == len(set(names))
+    finally:
+        second.stop()
+        second.notify.close()
+
+
+def test_released_model_leaves_the_store(work: Path, ckpt: Path) -> None:
+    cfg = tied_model_config(work, ckpt, "64KiB")
+    d = _up(cfg)
+    try:
+        with DaemonConnection(d.socket_path) as conn:
+            conn.release("default")
+        assert d.notify.stored_names() == []
+    finally:
+        d.stop()
+        d.notify.close()
+
+
+def test_without_a_notify_socket_nothing_is_stored(work: Path, ckpt: Path) -> None:
+    cfg = tied_model_config(work, ckpt, "64KiB")
+    d = _up(cfg)
+    try:
+        assert "kept in the fd store" in d.log()
+    finally:
+        d.stop()
+        d.notify.close()
+    d = start_daemon(cfg, "cpu0", env={"NOTIFY_SOCKET": ""})
+    try:
+        deadline = time.monotonic() + 60
+        while "serving cpu0" not in d.log():
+            assert d.proc.poll() is None and time.monotonic() < deadline, d.log()
+            time.sleep(0.1)
+        with attach("default", "cpu0", socket_dir=d.socket_dir):
+            pass
+        assert "fd store" not in d.log()
+    finally:
+        d.stop()
+        d.notify.close()
