@@ -79,6 +79,16 @@ def test_restart_restores_without_reading_the_checkpoint(work: Path, ckpt: Path,
                 assert torch.equal(as_bytes(new.tensors[name]), as_bytes(ref)), name
         # The store still holds the model for the next restart, once.
         assert sorted(second.notify.stored_names()) == sorted(names)
+        # The old client attached again by itself: its lease is counted, its
+        # tensors are the ones it had.
+        deadline = time.monotonic() + 20
+        while old.watch.reattached < 1:
+            assert time.monotonic() < deadline, second.log()
+            time.sleep(0.1)
+        with DaemonConnection(second.socket_path) as conn:
+            pids = [c.pid for c in conn.status().clients]
+        assert os.getpid() in pids
+        assert torch.equal(as_bytes(old.tensors["embed.weight"]), as_bytes(reference["embed.weight"]))
     finally:
         old.close()
         second.stop()
@@ -115,6 +125,30 @@ def test_modified_checkpoint_is_refilled_naming_the_file(work: Path, ckpt: Path)
 
     line = _restart_reason(work, cfg, touch)
     assert f"checkpoint file {shard.name} of {ckpt} was modified" in line
+
+
+def test_client_of_a_refilled_model_keeps_its_weights_without_a_lease(work: Path, ckpt: Path) -> None:
+    cfg = tied_model_config(work, ckpt, "64KiB")
+    first = _up(cfg)
+    old = attach("default", "cpu0", socket_dir=first.socket_dir)
+    before = {n: as_bytes(t).clone() for n, t in old.tensors.items()}
+    _kill(first)
+    shard = sorted(ckpt.glob("*.safetensors"))[0]
+    os.utime(shard, ns=(shard.stat().st_atime_ns, shard.stat().st_mtime_ns + 1_000_000))
+    second = _up(cfg, store_from=first)
+    try:
+        deadline = time.monotonic() + 20
+        while old.watch._thread.is_alive():
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        assert old.watch.reattached == 0
+        with DaemonConnection(second.socket_path) as conn:
+            assert os.getpid() not in [c.pid for c in conn.status().clients]
+        assert all(torch.equal(as_bytes(old.tensors[n]), b) for n, b in before.items())
+    finally:
+        old.close()
+        second.stop()
+        second.notify.close()
 
 
 def test_replaced_checkpoint_file_is_refilled(work: Path, ckpt: Path) -> None:

@@ -249,6 +249,8 @@ def test_status_and_release(cpu_config: Path) -> None:
         assert model["name"] == "default" and model["tensors"] == len(a.manifest.tensors)
         assert model["bytes"] == a.manifest.total_bytes
         clients = {c["pid"]: c for c in st["clients"]}
+        # The lease only: the status query itself is not one.
+        assert list(clients) == [os.getpid()]
         assert clients[os.getpid()]["models"] == ["default"]
         assert clients[os.getpid()]["client"] == "status-test"
 

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from wcached.client.connection import DaemonConnection, find_socket_dir, socket_path
+from wcached.client.lease import LeaseWatch
 from wcached.errors import KeyMismatch, ProtocolError
 from wcached.memory import get_backend
 from wcached.protocol.messages import Attach, Attached, Manifest, Mismatch, TensorInfo
@@ -34,6 +36,18 @@ class Attachment:
         self.manifest = manifest
         self.tensors = tensors
         self._mapped = mapped
+        self._lock = threading.Lock()
+        self.watch: LeaseWatch | None = None
+
+    def replace_connection(self, conn: DaemonConnection) -> bool:
+        """Hold ``conn`` as the lease from now on (after the daemon restarted);
+        False if the attachment was closed meanwhile."""
+        with self._lock:
+            if self._mapped is None:
+                return False
+            old, self.connection = self.connection, conn
+        old.close()
+        return True
 
     @property
     def closed(self) -> bool:
@@ -41,7 +55,11 @@ class Attachment:
 
     def close(self) -> None:
         """End the lease; tensors still referenced keep their memory mapped."""
-        if self._mapped is not None:
+        if self.watch is not None:
+            self.watch.stop()
+        with self._lock:
+            if self._mapped is None:
+                return
             self._mapped.close()
             self._mapped = None
             self.connection.close()
@@ -62,12 +80,15 @@ def attach(
     expect: dict[str, str | int] | None = None,
     timeout: float = 10.0,
     client: str | None = None,
+    keep_lease: bool = True,
 ) -> Attachment:
     """Attach read-only to ``model`` held by the daemon of ``instance``.
 
     ``expect`` holds the cache key fields the caller requires (``dtype``,
     ``fingerprint``, ``tp_rank``, ``extra.<name>``...); a difference raises
-    :class:`KeyMismatch` naming the fields.
+    :class:`KeyMismatch` naming the fields. With ``keep_lease`` a watcher
+    thread attaches again when the daemon restarts, so the lease follows a
+    restored daemon (:mod:`wcached.client.lease`).
     """
     path = socket_path(instance, find_socket_dir(socket_dir, config))
     conn = DaemonConnection(path, timeout=timeout, client=client)
@@ -93,7 +114,10 @@ def attach(
             close_fds(fds)
         with _gc_paused():
             tensors = build_views(manifest, mapped.tensors)
-        return Attachment(conn, manifest, tensors, mapped)
+        attachment = Attachment(conn, manifest, tensors, mapped)
+        if keep_lease:
+            attachment.watch = LeaseWatch(attachment, dict(expect or {}), client)
+        return attachment
     except BaseException:
         conn.close()
         raise

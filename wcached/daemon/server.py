@@ -134,8 +134,10 @@ class Server:
 
     @property
     def client_count(self) -> int:
+        """Leases: connections holding an attached model (a status query or a
+        connection that has not attached yet is not one)."""
         with self._lock:
-            return len(self._sessions)
+            return sum(1 for s in self._sessions.values() if s.models)
 
     # -- one connection ---------------------------------------------------
 
@@ -259,7 +261,9 @@ class Server:
             chan.send(Attached(manifest=held.manifest, fd_count=len(fds)), timeout=timeout, fds=fds)
         finally:
             close_fds(fds)
-        session.models.add(req.model)
+        with self._lock:
+            session.models.add(req.model)
+        self.changed.set()
         log.info(
             "pid %d (uid %d, %s) attached to %s",
             session.peer.pid,
@@ -298,6 +302,7 @@ class Server:
                     connected_s=round(now - s.connected_at, 3),
                 )
                 for s in self._sessions.values()
+                if s.models
             ]
         return StatusReply(
             instance=self.device.instance_id,
