@@ -233,9 +233,11 @@ def start_daemon(
     env: dict | None = None,
     work: Path | None = None,
     store_from: NotifyListener | None = None,
+    limit_as: int | None = None,
 ) -> Daemon:
     """A daemon process; ``store_from``: the notify listener of a previous
-    daemon of this instance, whose fd store this one gets (as after a restart)."""
+    daemon of this instance, whose fd store this one gets (as after a restart);
+    ``limit_as``: an address-space cap (RLIMIT_AS) for the daemon and its worker."""
     work = work or config.parent
     notify = NotifyListener(work)
     log_path = work / f"daemon-{instance}-{time.monotonic_ns()}.log"
@@ -254,11 +256,24 @@ def start_daemon(
         full_env["LISTEN_FDNAMES"] = ":".join(name for name, _ in notify.store)
         argv = [sys.executable, "-c", _LISTEN_EXEC, *argv[1:]]
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=full_env, pass_fds=pass_fds)
+        proc = subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+            pass_fds=pass_fds,
+            preexec_fn=(lambda: _limit_as(limit_as)) if limit_as else None,
+        )
     from wcached.device import resolve_instance
 
     sock = os.path.join(sdir, f"{resolve_instance(instance).instance_id}.sock")
     return Daemon(proc, sock, log_path, notify, sdir)
+
+
+def _limit_as(nbytes: int) -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (nbytes, nbytes))
 
 
 def wait_ready(d: Daemon, timeout: float) -> None:

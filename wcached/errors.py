@@ -62,6 +62,22 @@ class FillError(WcacheError):
     exit_status = EX_DATAERR
 
 
+class OutOfMemory(FillError):
+    """The device (or host) had no room for the fill: a temporary failure,
+    retried by the unit with a growing delay (memory may free up)."""
+
+    code = "out_of_memory"
+    exit_status = EX_TEMPFAIL
+
+
+class CheckpointMissing(FillError):
+    """The checkpoint path does not exist (yet): a network filesystem still
+    mounting at boot. Retried by the unit, not a permanent failure."""
+
+    code = "checkpoint_missing"
+    exit_status = EX_UNAVAILABLE
+
+
 class ProtocolError(WcacheError):
     """A frame or message that does not follow protocol v1."""
 
@@ -124,6 +140,8 @@ _BY_CODE: dict[str, type[WcacheError]] = {
         DeviceError,
         LockHeldError,
         FillError,
+        OutOfMemory,
+        CheckpointMissing,
         ProtocolError,
         FrameTooLarge,
         VersionMismatch,

@@ -54,13 +54,19 @@ def gz(data: bytes) -> bytes:
     return gzip.compress(data, compresslevel=9, mtime=0)
 
 
-def build(out_dir: Path, work: Path) -> Path:
-    ver = version()
+def build(out_dir: Path, work: Path, ver: str | None = None) -> Path:
+    """The .deb of this tree; ``ver`` overrides the version (the package's
+    and the daemon's own ``__version__``)."""
+    tree_version = version()
+    ver = ver or tree_version
     root = work / "root"
     if root.exists():
         shutil.rmtree(root)
     for src in sorted((REPO / "wcached").rglob("*.py")):
-        put(root, f"usr/lib/wcached/{src.relative_to(REPO)}", src.read_bytes())
+        data = src.read_bytes()
+        if src == REPO / "wcached" / "__init__.py":
+            data = data.replace(f'__version__ = "{tree_version}"'.encode(), f'__version__ = "{ver}"'.encode())
+        put(root, f"usr/lib/wcached/{src.relative_to(REPO)}", data)
     put(root, "usr/bin/wcached", (HERE / "wcached.sh").read_bytes(), 0o755)
     put(root, "usr/lib/systemd/system/wcached@.service", (UNITS / "wcached@.service").read_bytes())
     put(root, "usr/lib/systemd/system/wcached.target", (UNITS / "wcached.target").read_bytes())
@@ -117,8 +123,9 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=str(REPO / "dist"))
     p.add_argument("--work", default=str(REPO / "build" / "deb"))
+    p.add_argument("--version", default=None, help="package version (default: wcached.__version__)")
     args = p.parse_args()
-    print(build(Path(args.out), Path(args.work)))
+    print(build(Path(args.out), Path(args.work), args.version))
     return 0
 
 

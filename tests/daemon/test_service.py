@@ -24,7 +24,7 @@ from tests.helpers import (
     write_sharded,
 )
 from wcached.client import attach
-from wcached.errors import EX_CONFIG, EX_DATAERR, EX_TEMPFAIL
+from wcached.errors import EX_CONFIG, EX_DATAERR, EX_TEMPFAIL, EX_UNAVAILABLE
 
 torch = pytest.importorskip("torch")
 
@@ -216,6 +216,41 @@ def test_truncated_checkpoint_fails_fill_naming_file_and_tensor(work: Path) -> N
     assert str(shard) in log and "'b'" in log and "truncated" in log
     assert not os.path.exists(d.socket_path)
     assert not any(m.startswith("READY=1") for m in d.notify.messages)
+
+
+def test_missing_checkpoint_path_exits_69_for_a_retry(work: Path) -> None:
+    """A path not there yet (a network filesystem still mounting) is a
+    temporary failure the unit retries, not the permanent 65."""
+    cfg = write_config(
+        work / "wcached.toml",
+        models=[{"name": "default", "path": str(work / "not-mounted-yet")}],
+        daemon={"socket_dir": str(work / "run")},
+    )
+    d = start_daemon(cfg)
+    rc = d.proc.wait(30)
+    log = d.log()
+    assert rc == EX_UNAVAILABLE, log
+    assert f"checkpoint {work / 'not-mounted-yet'} does not exist" in log
+    assert "loader worker" not in log and "Traceback" not in log
+
+
+def test_host_memory_exhausted_while_filling_exits_75_for_a_retry(work: Path) -> None:
+    """Out of memory is temporary (engines may let go of memory): EX_TEMPFAIL,
+    which the unit retries with a growing delay; here the worker's address
+    space is capped below what a segment needs."""
+    big = write_sharded(work / "big", {"w": torch.zeros(1024, 1024, 64)}, shards=1)  # 256 MiB
+    cfg = write_config(
+        work / "wcached.toml",
+        models=[{"name": "default", "path": str(big), "segment_size": "256MiB", "read_threads": 1}],
+        daemon={"socket_dir": str(work / "run")},
+    )
+    # The address-space cap is inherited by the loader worker, which then
+    # cannot map the 256 MiB segment it fills.
+    d = start_daemon(cfg, env={"MALLOC_ARENA_MAX": "1"}, limit_as=200 << 20)
+    rc = d.proc.wait(60)
+    log = d.log()
+    assert rc == EX_TEMPFAIL, log
+    assert "out of" in log and "memory" in log
 
 
 def test_config_error_exits_78_naming_file_and_key(work: Path) -> None:

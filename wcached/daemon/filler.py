@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import os
+import pwd
 import socket
+import stat
 import subprocess
 import sys
 from collections.abc import Callable
@@ -14,7 +16,7 @@ import msgspec
 from wcached.config import InstanceSettings, ModelConfig
 from wcached.daemon.state import HeldModel
 from wcached.device import Device
-from wcached.errors import FillError, TimeoutExpired, error_for_code
+from wcached.errors import CheckpointMissing, ConfigError, FillError, TimeoutExpired, error_for_code
 from wcached.protocol.messages import (
     FillDone,
     FillFailed,
@@ -47,6 +49,8 @@ def fill_models(
     ``on_tick(model, done_bytes, total_bytes)`` is called on progress and at
     least every :data:`POLL_S` seconds while the worker works.
     """
+    for m in settings.models:
+        check_checkpoint_path(m)
     parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     python = settings.worker_python or sys.executable
     env = dict(os.environ, WCACHED_LOG_LEVEL=settings.log_level)
@@ -132,6 +136,28 @@ def fill_models(
         raise
     finally:
         parent.close()
+
+
+def check_checkpoint_path(model: ModelConfig) -> None:
+    """Before a worker starts: a path that is not there yet (a network
+    filesystem still mounting) is retried by the unit; one this user may not
+    read is a configuration mistake that no retry fixes."""
+    if model.loader == "vllm" and not os.path.isabs(model.path):
+        return  # a hub id: vLLM resolves it
+    try:
+        st = os.stat(model.path)
+    except FileNotFoundError:
+        raise CheckpointMissing(
+            f"model {model.name!r}: checkpoint {model.path} does not exist (not mounted yet?)"
+        ) from None
+    except PermissionError:
+        st = None
+    want = os.R_OK | (os.X_OK if st is not None and stat.S_ISDIR(st.st_mode) else 0)
+    if st is None or not os.access(model.path, want):
+        user = pwd.getpwuid(os.geteuid()).pw_name
+        raise ConfigError(
+            None, f"model {model.name!r} path", f"{model.path} cannot be read by user {user!r} (the daemon's)"
+        )
 
 
 def with_canonical_ranks(model: ModelConfig, device: Device) -> ModelConfig:

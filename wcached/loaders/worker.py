@@ -9,6 +9,7 @@ only file descriptors.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import socket
@@ -18,7 +19,7 @@ import time
 import msgspec
 
 from wcached.config import ModelConfig
-from wcached.errors import EX_SOFTWARE, WcacheError
+from wcached.errors import EX_SOFTWARE, OutOfMemory, WcacheError
 from wcached.log import setup_logging
 from wcached.protocol.messages import (
     FillDone,
@@ -95,15 +96,27 @@ def main(argv: list[str] | None = None) -> int:
         _report(chan, e.code, str(e))
         return e.exit_status
     except MemoryError:
-        _report(chan, "fill_failed", "out of host memory while filling")
-        return EX_SOFTWARE
+        e = OutOfMemory("out of host memory while filling")
+        _report(chan, e.code, str(e))
+        return e.exit_status
     except Exception as e:  # report anything to the daemon rather than just dying
+        if _is_out_of_memory(e):
+            oom = OutOfMemory(f"out of memory while filling: {e}")
+            _report(chan, oom.code, str(oom))
+            return oom.exit_status
         log.exception("loader worker failed")
         _report(chan, "internal", f"{type(e).__name__}: {e}")
         return EX_SOFTWARE
     finally:
         sock.close()
     return 0
+
+
+def _is_out_of_memory(e: BaseException) -> bool:
+    """torch's OutOfMemoryError (a vLLM fill), or a memfd that could not grow."""
+    if type(e).__name__ == "OutOfMemoryError":
+        return True
+    return isinstance(e, OSError) and e.errno in (errno.ENOMEM, errno.ENOSPC)
 
 
 def _report(chan: Channel, code: str, message: str) -> None:

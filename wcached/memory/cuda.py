@@ -22,7 +22,7 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from wcached.errors import DeviceError, FillError, ProtocolError
+from wcached.errors import DeviceError, OutOfMemory, ProtocolError
 from wcached.memory.base import MAX_RUN_BYTES, Hasher, MemoryBackend, SegmentWriter, preadv_full
 
 if TYPE_CHECKING:
@@ -76,7 +76,7 @@ def check(result: tuple, what: str) -> Any:
     if err != cu.CUresult.CUDA_SUCCESS:
         name = _error_name(cu, err)
         if err == cu.CUresult.CUDA_ERROR_OUT_OF_MEMORY:
-            raise FillError(f"{what}: GPU out of memory ({name})")
+            raise OutOfMemory(f"{what}: GPU out of memory ({name})")
         raise DeviceError(f"{what} failed: {name}")
     if not values:
         return None
@@ -195,9 +195,9 @@ class CudaSegmentWriter(SegmentWriter):
         self.va = 0
         try:
             self.handle = check(cu.cuMemCreate(nbytes, backend.prop, 0), f"cuMemCreate({nbytes})")
-        except FillError:
+        except OutOfMemory:
             free, total = check(cu.cuMemGetInfo(), "cuMemGetInfo")
-            raise FillError(
+            raise OutOfMemory(
                 f"GPU {backend.uuid} out of memory: segment {label} needs {nbytes / 2**30:.2f} GiB, "
                 f"{free / 2**30:.2f} of {total / 2**30:.2f} GiB free"
             ) from None
