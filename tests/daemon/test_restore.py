@@ -32,8 +32,8 @@ def ckpt(work: Path, sharded_ckpt: Path) -> Path:
     return Path(shutil.copytree(sharded_ckpt, work / "ckpt"))
 
 
-def _up(config: Path, store_from: Daemon | None = None) -> Daemon:
-    d = start_daemon(config, "cpu0", store_from=store_from.notify if store_from else None)
+def _up(config: Path, store_from: Daemon | None = None, instance: str = "cpu0") -> Daemon:
+    d = start_daemon(config, instance, store_from=store_from.notify if store_from else None)
     wait_ready(d, 60)
     d.notify.drain()
     return d
@@ -256,3 +256,44 @@ def test_without_a_notify_socket_nothing_is_stored(work: Path, ckpt: Path) -> No
     finally:
         d.stop()
         d.notify.close()
+
+
+@pytest.mark.gpu
+def test_gpu_segments_restored_after_sigkill(work: Path, ckpt: Path) -> None:
+    """The same restore for CUDA segments: the exported VMM fds alone keep
+    the GPU memory while no daemon runs."""
+    from safetensors.torch import load_file
+
+    reference = {}
+    for f in sorted(ckpt.glob("*.safetensors")):
+        reference.update(load_file(str(f), device="cuda"))
+    cfg = tied_model_config(work, ckpt, "4MiB")
+    first = _up(cfg, instance="0")
+    try:
+        old = attach("default", "0", socket_dir=first.socket_dir)
+        assert old.manifest.segments[0].backend == "cuda"
+        _kill(first)
+        started = time.monotonic()
+        second = _up(cfg, store_from=first, instance="0")
+        ready_s = time.monotonic() - started
+    except BaseException:
+        first.stop(signal.SIGKILL)
+        raise
+    try:
+        log = second.log()
+        assert "restored default from the fd store" in log and "loader worker" not in log, log
+        with attach("default", "0", socket_dir=second.socket_dir) as new:
+            assert new.manifest == old.manifest
+            for name, ref in reference.items():
+                assert torch.equal(as_bytes(new.tensors[name]), as_bytes(ref)), name
+        deadline = time.monotonic() + 20
+        while old.watch.reattached < 1:
+            assert time.monotonic() < deadline, second.log()
+            time.sleep(0.1)
+        for name, ref in reference.items():
+            assert torch.equal(as_bytes(old.tensors[name]), as_bytes(ref)), name
+        print(f"GPU restore: READY {ready_s:.2f} s after the restart; {len(old.manifest.segments)} segments")
+    finally:
+        old.close()
+        second.stop()
+        second.notify.close()
