@@ -317,8 +317,9 @@ def run_as(user: str, argv: list[str], timeout: float = 120) -> subprocess.Compl
 
     pw = pwd.getpwnam(user)
     env = {"HOME": "/tmp", "PATH": os.environ.get("PATH", "")}
-    if "PYTHONPATH" in os.environ:  # the GPU machine carries packages this way
-        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    # wcached from this tree (where it is not installed into the interpreter),
+    # then what the GPU machine carries this way.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
     return subprocess.run(
         argv,
         user=pw.pw_uid,

@@ -344,13 +344,14 @@ def main() -> None:
             f"setpriv --reuid=engine --regid=engine --init-groups {vllm_python} /tmp/{tag}.py /tmp/{tag}.go",
             shell=True,
             stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
+            stderr=subprocess.PIPE,  # its log lines; stdout carries the digests
             text=True,
         )
 
     def finish_client(proc: subprocess.Popen, tag: str) -> list[str]:
         open(f"/tmp/{tag}.go", "w").close()
-        out, _ = proc.communicate(timeout=60)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, out + err
         return out.split()
 
     @check("restart_restores_and_client_reattaches")
@@ -361,7 +362,7 @@ def main() -> None:
         model_dir = "/var/lib/wcache/demo/model"
         client = digest_client("lease")
         first = client.stdout.readline().split()
-        assert first[:1] == ["digest"], [*first, client.stdout.read()]
+        assert first[:1] == ["digest"], [*first, client.stdout.read(), client.stderr.read()]
         wait_for(lambda: client.pid and leases("cpu0"), 10, "the client's lease")
         # From here on the daemon's user cannot read the checkpoint: a refill
         # would fail, a restore does not read it.
