@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -137,3 +139,21 @@ def test_shipped_default_config_is_valid() -> None:
     cfg = load_config(Path(__file__).resolve().parent.parent / "etc" / "wcache" / "wcached.toml")
     assert cfg.daemon.socket_dir == "/run/wcache"
     assert cfg.model
+
+
+def test_socket_dir_too_long_for_a_unix_socket(tmp_path: Path) -> None:
+    long_dir = "/run/" + "d" * 70
+    cfg = tmp_path / "wcached.toml"
+    cfg.write_text(f'[daemon]\nsocket_dir = "{long_dir}"\n')
+    config = load_config(cfg)
+    with pytest.raises(ConfigError) as e:
+        instance_settings(config, "GPU-8d3c5a5e-0b7c-4b1e-9d2f-0123456789ab")
+    assert e.value.key == "daemon.socket_dir" and "too long" in str(e.value) and str(cfg) in str(e.value)
+    instance_settings(config, "cpu0")  # 81 bytes: fits
+    # check-config catches it for the longest name an instance can have.
+    r = subprocess.run(
+        [sys.executable, "-m", "wcached", "check-config", "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == EX_CONFIG and "daemon.socket_dir" in r.stderr and "too long" in r.stderr

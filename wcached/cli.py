@@ -11,7 +11,7 @@ import sys
 import msgspec
 
 from wcached import __version__
-from wcached.config import default_config_path, instance_settings, load_config
+from wcached.config import check_socket_path, default_config_path, instance_settings, load_config
 from wcached.errors import EX_CONFIG, WcacheError
 
 # systemctl's convention: 3 = not running.
@@ -75,6 +75,7 @@ def _doctor(args: argparse.Namespace) -> int:
 def _check_config(args: argparse.Namespace) -> int:
     try:
         cfg = load_config(args.config)
+        check_socket_path(cfg)
     except WcacheError as e:
         print(f"wcached: {e}", file=sys.stderr)
         return EX_CONFIG

@@ -19,6 +19,8 @@ import msgspec
 from wcached.errors import ConfigError
 
 DEFAULT_CONFIG_PATH = "/etc/wcache/wcached.toml"
+MAX_SOCKET_PATH = 107
+LONGEST_SOCKET_NAME = "GPU-00000000-0000-0000-0000-000000000000.sock"
 CONFIG_ENV = "WCACHED_CONFIG"
 
 _SIZE_RE = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB|TiB|KB|MB|GB|TB)?\s*$")
@@ -287,6 +289,20 @@ def _check(cfg: Config, path: str) -> None:
             raise ConfigError(path, f"instance.{name}.max_clients", "must be >= 1")
 
 
+def check_socket_path(cfg: Config, name: str = LONGEST_SOCKET_NAME) -> None:
+    """sun_path holds 107 bytes and a NUL: a longer socket path cannot be
+    bound, so it is a configuration error (by default for the longest name an
+    instance can have, a GPU UUID's)."""
+    length = len(os.fsencode(os.path.join(cfg.daemon.socket_dir, name)))
+    if length > MAX_SOCKET_PATH:
+        raise ConfigError(
+            cfg.source,
+            "daemon.socket_dir",
+            f"{cfg.daemon.socket_dir!r} is too long: the socket {name} in it would take {length} bytes, "
+            f"Unix sockets allow {MAX_SOCKET_PATH}",
+        )
+
+
 def instance_settings(cfg: Config, instance_id: str, names: tuple[str, ...] = ()) -> InstanceSettings:
     """Overlay the ``[instance."<id>"]`` table matching the canonical id or any
     other name the instance goes by (a GPU index next to its UUID)."""
@@ -301,6 +317,7 @@ def instance_settings(cfg: Config, instance_id: str, names: tuple[str, ...] = ()
         by_name = {m.name: m for m in cfg.model}
         models = tuple(by_name[n] for n in table.models)
     d = cfg.daemon
+    check_socket_path(cfg, f"{instance_id}.sock")
     return InstanceSettings(
         instance_id=instance_id,
         socket_dir=d.socket_dir,

@@ -55,6 +55,14 @@ class LockHeldError(WcacheError):
     exit_status = EX_TEMPFAIL
 
 
+class LockForeign(WcacheError):
+    """The lock file belongs to another user or is a symlink: no retry fixes
+    it (the unit stays failed); the message names the file and the fix."""
+
+    code = "lock_foreign"
+    exit_status = EX_CONFIG
+
+
 class FillError(WcacheError):
     """Filling the cache from a checkpoint failed (names file and tensor)."""
 
@@ -139,6 +147,7 @@ _BY_CODE: dict[str, type[WcacheError]] = {
         ConfigError,
         DeviceError,
         LockHeldError,
+        LockForeign,
         FillError,
         OutOfMemory,
         CheckpointMissing,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pwd
 import signal
 import socket
 import stat
@@ -18,6 +19,8 @@ import pytest
 from tests.helpers import (
     as_bytes,
     load_reference,
+    other_users_can_run_python,
+    run_as,
     run_daemon,
     start_daemon,
     write_config,
@@ -251,6 +254,63 @@ def test_host_memory_exhausted_while_filling_exits_75_for_a_retry(work: Path) ->
     log = d.log()
     assert rc == EX_TEMPFAIL, log
     assert "out of" in log and "memory" in log
+
+
+def test_lock_left_by_another_user_names_owner_and_fix(work: Path, sharded_ckpt: Path) -> None:
+    """A lock file a manual `wcached serve` as root left behind: the daemon's
+    user cannot open it; exit 78 (no restart loop) naming file, owner, fix."""
+    if not other_users_can_run_python():
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI runs as root with an interpreter others can run")
+        pytest.skip("needs root and an interpreter others can run")
+    run = work / "run"
+    run.mkdir()
+    cfg = write_config(
+        work / "wcached.toml",
+        models=[{"name": "default", "path": str(sharded_ckpt)}],
+        daemon={"socket_dir": str(run)},
+    )
+    lock = run / "cpu0.lock"
+    lock.write_text("1\n")
+    lock.chmod(0o600)  # root's
+    os.chown(run, pwd.getpwnam("nobody").pw_uid, -1)
+    r = run_as("nobody", [sys.executable, "-m", "wcached", "serve", "cpu0", "--config", str(cfg)])
+    assert r.returncode == EX_CONFIG, r.stderr
+    assert f"lock {lock} belongs to user root, not to nobody" in r.stderr
+    assert f"rm {lock}" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_lock_path_symlink_is_refused(work: Path, sharded_ckpt: Path) -> None:
+    run = work / "run"
+    run.mkdir()
+    cfg = write_config(
+        work / "wcached.toml",
+        models=[{"name": "default", "path": str(sharded_ckpt)}],
+        daemon={"socket_dir": str(run)},
+    )
+    target = work / "victim"
+    target.write_text("precious\n")
+    (run / "cpu0.lock").symlink_to(target)
+    d = start_daemon(cfg)
+    assert d.proc.wait(30) == EX_CONFIG, d.log()
+    assert "is a symlink" in d.log()
+    assert target.read_text() == "precious\n"
+
+
+def test_unexpected_error_is_logged_with_traceback_and_exits_70(work: Path, sharded_ckpt: Path) -> None:
+    """Anything unforeseen: its traceback at error priority, then EX_SOFTWARE
+    (not Python's bare exit 1). A socket directory that is a file stands in."""
+    (work / "run").write_text("not a directory")
+    cfg = write_config(
+        work / "wcached.toml",
+        models=[{"name": "default", "path": str(sharded_ckpt)}],
+        daemon={"socket_dir": str(work / "run")},
+    )
+    d = start_daemon(cfg)
+    assert d.proc.wait(30) == 70, d.log()
+    log = d.log()
+    assert "ERROR wcached daemon: unexpected error, exiting with 70" in log, log
+    assert "Traceback" in log
 
 
 def test_config_error_exits_78_naming_file_and_key(work: Path) -> None:

@@ -7,10 +7,12 @@ second daemon can never remove a live daemon's socket.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
+import pwd
 
-from wcached.errors import LockHeldError
+from wcached.errors import LockForeign, LockHeldError
 
 
 class InstanceLock:
@@ -20,7 +22,15 @@ class InstanceLock:
         self.fd: int | None = None
 
     def acquire(self) -> InstanceLock:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
+        try:
+            # O_NOFOLLOW: a symlink planted at the lock path is refused, not followed.
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o640)
+        except PermissionError:
+            raise LockForeign(self._foreign()) from None
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise LockForeign(f"lock {self.path} is a symlink; remove it: rm {self.path}") from None
+            raise
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -34,7 +44,28 @@ class InstanceLock:
         self.fd = fd
         return self
 
+    def _foreign(self) -> str:
+        """A lock file this user may not open: left by a daemon run as
+        another user (a manual ``wcached serve`` as root, say)."""
+        me = pwd.getpwuid(os.geteuid()).pw_name
+        try:
+            st = os.stat(self.path)
+            owner = _user(st.st_uid)
+        except OSError:
+            return f"cannot open lock {self.path} as user {me}; check the socket directory's owner"
+        return (
+            f"lock {self.path} belongs to user {owner}, not to {me} (left by a daemon run as {owner}?); "
+            f"if no daemon of instance {self.instance_id} runs, fix it with: rm {self.path}"
+        )
+
     def release(self) -> None:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
+
+
+def _user(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)

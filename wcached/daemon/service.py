@@ -29,7 +29,7 @@ from wcached.daemon.server import Server
 from wcached.daemon.state import HeldModel
 from wcached.daemon.systemd import Notifier
 from wcached.device import Device, resolve_instance
-from wcached.errors import WcacheError
+from wcached.errors import EX_SOFTWARE, WcacheError
 from wcached.log import setup_logging
 
 log = logging.getLogger("wcached.service")
@@ -283,3 +283,9 @@ def serve(instance: str, config_path: str | None) -> int:
         log.error("%s", e)
         Notifier().status(f"failed: {e}")
         return e.exit_status
+    except Exception as e:
+        # Never a bare traceback at exit 1: the traceback at error priority,
+        # and a status that says "software error" to the unit and the reader.
+        log.exception("unexpected error, exiting with %d: %s", EX_SOFTWARE, e)
+        Notifier().status(f"failed: unexpected {type(e).__name__}: {e}")
+        return EX_SOFTWARE
