@@ -11,5 +11,8 @@ if [ ! -x "$PY" ]; then
     exit 69
 fi
 PYTHONPATH="/usr/lib/wcached${PYTHONPATH:+:$PYTHONPATH}"
-export PYTHONPATH WCACHED_PYTHON="$PY"
+# No bytecode next to the package's files: purge could not remove it, and a
+# rebuilt file with the same size and time would run the old bytecode.
+PYTHONDONTWRITEBYTECODE=1
+export PYTHONPATH PYTHONDONTWRITEBYTECODE WCACHED_PYTHON="$PY"
 exec "$PY" -m wcached "$@"
