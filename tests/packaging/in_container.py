@@ -305,6 +305,8 @@ def main() -> None:
         assert new != pid
         log = sh("journalctl -u wcached@cpu3 --no-pager -o cat").stdout
         assert "Watchdog timeout" in log, log
+        # The restarted daemon served the fill the fd store kept.
+        assert log.split("Watchdog timeout", 1)[1].count("restored default from the fd store") == 1, log
         sh("systemctl stop wcached@cpu3")
         return f"pid {pid} -> {new}; NRestarts={prop('wcached@cpu3', 'NRestarts')}"
 
