@@ -1,4 +1,4 @@
-"""Command line: serve | status | release | check-config | doctor."""
+"""Command line: serve | status | release | verify | check-config | doctor."""
 
 from __future__ import annotations
 
@@ -55,6 +55,10 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("--model", required=True)
     sp.add_argument("--timeout", type=float, default=5.0)
 
+    sp = add("verify", "check that what a daemon serves is what it filled and what is on disk", _verify)
+    sp.add_argument("instance")
+    sp.add_argument("--model", default=None, help="one model (default: every model it serves)")
+
     add("check-config", "validate the config file and print what each instance serves", _check_config)
     add("doctor", "say what this host lacks to run wcached, and how to fix it", _doctor)
     return p
@@ -64,6 +68,12 @@ def _serve(args: argparse.Namespace) -> int:
     from wcached.daemon.service import serve
 
     return serve(args.instance, args.config)
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from wcached.verify import run
+
+    return run(args.instance, args.model, args.config, None)
 
 
 def _doctor(args: argparse.Namespace) -> int:

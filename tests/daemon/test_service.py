@@ -280,6 +280,35 @@ def test_lock_left_by_another_user_names_owner_and_fix(work: Path, sharded_ckpt:
     assert f"rm {lock}" in r.stderr and "Traceback" not in r.stderr
 
 
+@pytest.mark.parametrize("problem", ["world-writable", "foreign-owner"])
+def test_socket_dir_others_could_write_is_refused(work: Path, sharded_ckpt: Path, problem: str) -> None:
+    run = work / "run"
+    run.mkdir()
+    if problem == "world-writable":
+        run.chmod(0o1777)  # even with the sticky bit: a squatter can take the socket's name first
+    else:
+        if os.getuid() != 0:
+            pytest.skip("needs root to give the directory away")
+        os.chown(run, pwd.getpwnam("nobody").pw_uid, -1)
+    cfg = write_config(
+        work / "wcached.toml",
+        models=[{"name": "default", "path": str(sharded_ckpt)}],
+        daemon={"socket_dir": str(run)},
+    )
+    d = start_daemon(cfg)
+    assert d.proc.wait(30) == EX_CONFIG, d.log()
+    log = d.log()
+    assert "daemon.socket_dir" in log and f"chmod 0750 {run}" in log, log
+    assert "loader worker" not in log and not list(run.iterdir())
+
+
+def test_socket_appears_complete_and_no_temporary_name_remains(cpu_config: Path) -> None:
+    with run_daemon(cpu_config) as d:
+        names = os.listdir(d.socket_dir)
+        assert sorted(names) == ["cpu0.lock", "cpu0.sock"], names
+        assert stat.S_IMODE(os.stat(d.socket_path).st_mode) == 0o660
+
+
 def test_lock_path_symlink_is_refused(work: Path, sharded_ckpt: Path) -> None:
     run = work / "run"
     run.mkdir()

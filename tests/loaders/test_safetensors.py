@@ -73,15 +73,31 @@ def test_dtype_policy_casts_floats_only(tmp_path: Path) -> None:
     assert filled.manifest.key.dtype == "float32"
 
 
-def test_content_fingerprint_sees_bytes_header_fingerprint_does_not(tmp_path: Path) -> None:
-    t = {"w": torch.zeros(4, 4)}
-    a = write_sharded(tmp_path / "a", t, shards=1)
-    b = write_sharded(tmp_path / "b", {"w": torch.ones(4, 4)}, shards=1)
-    assert checkpoint_fingerprint(str(a)) == checkpoint_fingerprint(str(b))
+def test_header_fingerprint_sees_rewrites_content_fingerprint_sees_bytes(tmp_path: Path) -> None:
+    import shutil
+
+    a = write_sharded(tmp_path / "a", {"w": torch.zeros(4, 4)}, shards=1)
+    (shard,) = a.glob("*.safetensors")
+    before = checkpoint_fingerprint(str(a))
     fa, _ = _fill(ModelConfig(name="m", path=str(a), fingerprint="content", digest=False))
-    fb, _ = _fill(ModelConfig(name="m", path=str(b), fingerprint="content", digest=False))
     assert fa.manifest.key.fingerprint.startswith("content:")
+    st = shard.stat()
+    # The same header, other tensor bytes, written in place (a fine-tune step).
+    with open(shard, "r+b") as f:
+        f.seek(st.st_size - 4)
+        f.write(b"\x00\x00\x80\x3f")
+    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns + 1))
+    assert checkpoint_fingerprint(str(a)) != before  # its modification time changed
+    # A rewrite that hides its time is invisible to the header fingerprint,
+    # not to the content fingerprint.
+    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert checkpoint_fingerprint(str(a)) == before
+    fb, _ = _fill(ModelConfig(name="m", path=str(a), fingerprint="content", digest=False))
     assert fa.manifest.key.fingerprint != fb.manifest.key.fingerprint
+    # A copy put in place (same bytes and time, a new inode) is seen too.
+    shutil.copy2(shard, tmp_path / "copy")
+    os.replace(tmp_path / "copy", shard)
+    assert checkpoint_fingerprint(str(a)) != before
     c = write_sharded(tmp_path / "c", {"w": torch.zeros(4, 5)}, shards=1)
     assert checkpoint_fingerprint(str(c)) != checkpoint_fingerprint(str(a))
 

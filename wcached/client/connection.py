@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+import pwd
 import socket
+import struct
 import sys
+from collections.abc import Sequence
 
 from wcached.config import default_config_path, load_config
 from wcached.device import instance_id_for
-from wcached.errors import ProtocolError, VersionMismatch, error_for_code
+from wcached.errors import PermissionRefused, ProtocolError, VersionMismatch, error_for_code
 from wcached.protocol.messages import (
     PROTOCOL_VERSION,
     ErrorReply,
@@ -39,13 +42,60 @@ def socket_path(instance: str, socket_dir: str) -> str:
     return os.path.join(socket_dir, f"{instance_id_for(instance)}.sock")
 
 
+# Users whose daemon a client trusts with fds, besides root and the client's
+# own user: the package's daemon user, or a list in this variable.
+DAEMON_USERS_ENV = "WCACHED_DAEMON_USERS"
+DEFAULT_DAEMON_USERS = ("wcache",)
+
+
+def trusted_daemon_uids(users: Sequence[str] | None = None) -> set[int]:
+    """Root, this process's user, and the daemon users (``users``, else
+    ``$WCACHED_DAEMON_USERS`` comma-separated, else ``wcache``); names that do
+    not exist on this host are left out."""
+    if users is None:
+        env = os.environ.get(DAEMON_USERS_ENV)
+        users = [u.strip() for u in env.split(",") if u.strip()] if env else DEFAULT_DAEMON_USERS
+    uids = {0, os.geteuid()}
+    for name in users:
+        try:
+            uids.add(int(name) if name.isdigit() else pwd.getpwnam(name).pw_uid)
+        except KeyError:
+            pass
+    return uids
+
+
+def check_daemon_peer(sock: socket.socket, path: str, users: Sequence[str] | None = None) -> int:
+    """Refuse a socket served by a user this client does not trust (a squatter
+    on the socket path): nothing it sends, fds least of all, is used. Returns
+    the daemon's pid."""
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, _ = struct.unpack("3i", raw)
+    if uid not in trusted_daemon_uids(users):
+        raise PermissionRefused(
+            f"{path} is served by uid {uid} (pid {pid}), not by root, this user or a daemon user "
+            f"(${DAEMON_USERS_ENV}, default {','.join(DEFAULT_DAEMON_USERS)}); refusing to use it"
+        )
+    return pid
+
+
 class DaemonConnection:
     """Connected and greeted; ``request`` sends one message, returns the reply."""
 
-    def __init__(self, path: str, timeout: float = 10.0, client: str | None = None):
+    def __init__(
+        self,
+        path: str,
+        timeout: float = 10.0,
+        client: str | None = None,
+        daemon_users: Sequence[str] | None = None,
+    ):
         self.path = path
         self.timeout = timeout
         self.sock: socket.socket = connect(path, timeout)
+        try:
+            self.daemon_pid = check_daemon_peer(self.sock, path, daemon_users)
+        except BaseException:
+            self.sock.close()
+            raise
         self.chan = Channel(self.sock, Reply)
         try:
             name = client or f"{os.path.basename(sys.argv[0] or 'python')}[{os.getpid()}]"

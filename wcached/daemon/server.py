@@ -9,6 +9,7 @@ connection goes on; a framing error ends that connection only.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -89,14 +90,27 @@ class Server:
     def bind(self) -> socket.socket:
         path = self.settings.socket_path
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        # The socket is created 0660 from the start, never briefly wider.
-        old = os.umask(0o117)
+        # Bound under a temporary name, made 0660 and listening, then renamed
+        # into place: the path never names nothing, a half-made socket or
+        # another process's socket once this one exists.
+        # (short: never longer than the real name, whose length was checked).
+        tmp = os.path.join(os.path.dirname(path), f".{os.getpid()}.sock")
+        old = os.umask(0o117)  # created 0660 from the start, never briefly wider
         try:
-            sock.bind(path)
+            if os.path.lexists(tmp):
+                os.unlink(tmp)
+            sock.bind(tmp)
         finally:
             os.umask(old)
-        os.chmod(path, 0o660)
-        sock.listen(128)
+        try:
+            os.chmod(tmp, 0o660)
+            sock.listen(128)
+            os.rename(tmp, path)
+        except BaseException:
+            sock.close()
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
         sock.setblocking(False)
         self.listener = sock
         return sock

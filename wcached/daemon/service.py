@@ -253,14 +253,37 @@ def _drain(fd: int) -> None:
 
 
 def prepare_socket_dir(path: str) -> None:
-    """Create the socket directory 0750 if missing; warn if others can write it."""
+    """Create the socket directory 0750 if missing; refuse one that another
+    user could plant a socket or a lock in (see :func:`check_socket_dir`)."""
     if not os.path.isdir(path):
         os.makedirs(path, mode=0o750, exist_ok=True)
         os.chmod(path, 0o750)
-        return
-    mode = os.stat(path).st_mode
-    if mode & stat.S_IWOTH and not mode & stat.S_ISVTX:
-        log.warning("socket directory %s is writable by everyone", path)
+    check_socket_dir(path)
+
+
+def check_socket_dir(path: str) -> None:
+    """The directory must belong to root or this user, and no one else may
+    write to it (a group only if it is this user's group)."""
+    st = os.lstat(path)
+    me = os.geteuid()
+    problem = ""
+    if stat.S_ISLNK(st.st_mode):
+        problem = "is a symlink"
+    elif st.st_uid not in (0, me):
+        problem = f"belongs to uid {st.st_uid}, not to root or to this user (uid {me})"
+    elif st.st_mode & stat.S_IWOTH:
+        problem = f"is writable by everyone (mode {stat.S_IMODE(st.st_mode):o})"
+    elif st.st_mode & stat.S_IWGRP and st.st_gid != os.getegid():
+        problem = (
+            f"is writable by group {st.st_gid}, not this user's group (mode {stat.S_IMODE(st.st_mode):o})"
+        )
+    if problem:
+        raise ConfigError(
+            None,
+            "daemon.socket_dir",
+            f"{path} {problem}: another user could put a socket or lock there; "
+            f"fix with: chown root:wcache {path} && chmod 0750 {path}",
+        )
 
 
 def serve(instance: str, config_path: str | None) -> int:

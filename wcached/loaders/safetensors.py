@@ -43,6 +43,12 @@ class CheckpointFile:
     path: str
     size: int
     header: bytes
+    # stat(2) of the file as read: a rewrite in place with the same header
+    # (a fine-tune step, a re-export) changes the modification time, a copy
+    # into place the inode. Device numbers are left out: they may differ
+    # between an engine's mount namespace and the daemon's.
+    ino: int = 0
+    mtime_ns: int = 0
 
 
 @dataclass(frozen=True)
@@ -136,7 +142,8 @@ def read_checkpoint(path: str) -> Checkpoint:
 def _read_header(file: str) -> tuple[CheckpointFile, list[StoredTensor]]:
     try:
         with open(file, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
+            st = os.fstat(f.fileno())
+            size = st.st_size
             if size < 8:
                 raise FillError(f"{file}: truncated: {size} bytes, not even a header length")
             (hlen,) = struct.unpack("<Q", f.read(8))
@@ -158,7 +165,7 @@ def _read_header(file: str) -> tuple[CheckpointFile, list[StoredTensor]]:
             continue
         stored.append(_parse_entry(file, name, entry, data_base, size))
     stored.sort(key=lambda t: t.data_start)
-    return CheckpointFile(file, size, header), stored
+    return CheckpointFile(file, size, header, st.st_ino, st.st_mtime_ns), stored
 
 
 def _parse_entry(file: str, name: str, entry: object, data_base: int, size: int) -> StoredTensor:
@@ -188,12 +195,14 @@ def _parse_entry(file: str, name: str, entry: object, data_base: int, size: int)
 
 
 def header_fingerprint(ckpt: Checkpoint) -> str:
-    """sha256 over file names, sizes and headers: cheap, and changes whenever a
-    tensor is added, removed, reshaped or retyped or a shard is rewritten."""
+    """sha256 over file names, sizes, inodes, modification times and headers:
+    cheap (no tensor byte is read), the same for the daemon and an engine, and
+    changed whenever a tensor is added, removed, reshaped or retyped or a shard
+    is rewritten or replaced."""
     h = hashlib.sha256()
     for cf in ckpt.files:
         name = os.path.basename(cf.path).encode()
-        h.update(struct.pack("<QQQ", len(name), cf.size, len(cf.header)))
+        h.update(struct.pack("<QQQQQ", len(name), cf.size, cf.ino, cf.mtime_ns, len(cf.header)))
         h.update(name)
         h.update(cf.header)
     return h.hexdigest()

@@ -1,0 +1,70 @@
+"""``wcached verify`` against a real daemon: memory and disk compared."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.helpers import run_daemon, tied_model_config
+from wcached.loaders.safetensors import read_checkpoint
+
+
+def _verify(cfg: Path, *extra: str) -> subprocess.CompletedProcess:
+    argv = [sys.executable, "-m", "wcached", "verify", "cpu0", "--config", str(cfg), *extra]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture
+def ckpt(work: Path, sharded_ckpt: Path) -> Path:
+    return Path(shutil.copytree(sharded_ckpt, work / "ckpt"))
+
+
+def test_verify_passes_then_names_a_tensor_rewritten_in_place(work: Path, ckpt: Path) -> None:
+    cfg = tied_model_config(work, ckpt, "64KiB")
+    with run_daemon(cfg) as d:
+        r = _verify(cfg)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "default: ok" in r.stdout
+        checked = int(r.stdout.split("(")[1].split()[0])
+        assert checked > 10
+        # One tensor's bytes rewritten in place: same header, same size.
+        victim = next(t for t in read_checkpoint(str(ckpt)).tensors if t.nbytes >= 4)
+        with open(victim.file, "r+b") as f:
+            f.seek(victim.data_start)
+            old = f.read(4)
+            f.seek(victim.data_start)
+            f.write(bytes(b ^ 0xFF for b in old))
+        r = _verify(cfg, "--model", "default")
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert "default: DIFFERS" in r.stdout
+        assert f"{victim.name}: {Path(victim.file).name} on disk differs from what is served" in r.stdout
+        # Exactly that one tensor.
+        assert r.stdout.count("differs from what is served") == 1, r.stdout
+        assert d.proc.poll() is None
+
+
+def test_verify_of_a_model_it_does_not_serve(work: Path, ckpt: Path) -> None:
+    cfg = tied_model_config(work, ckpt, "64KiB")
+    with run_daemon(cfg):
+        r = _verify(cfg, "--model", "nope")
+        assert r.returncode == 2 and "serves no model 'nope'" in r.stdout
+
+
+def test_served_digest_is_the_fill_digest_for_every_dtype(work: Path, ckpt: Path) -> None:
+    from wcached.client import attach
+    from wcached.verify import served_digest
+
+    cfg = tied_model_config(work, ckpt, "64KiB")
+    with run_daemon(cfg) as d, attach("default", "cpu0", socket_dir=d.socket_dir, keep_lease=False) as a:
+        dtypes = set()
+        for info in a.manifest.tensors:
+            if info.digest and info.alias_of is None:
+                assert served_digest(a.tensors[info.name]) == info.digest, info.name
+                dtypes.add(info.dtype)
+        assert len(dtypes) >= 4, dtypes
+        assert served_digest(torch.zeros(0)) != ""

@@ -1,0 +1,178 @@
+"""``wcached verify``: is what a daemon serves what it filled, and still what
+the checkpoint on disk holds?
+
+Attaches like an engine, then for every tensor with a recorded digest hashes
+the memory being served (GPU tensors are copied to the host in chunks) and
+compares it with the manifest. For the safetensors loader it also reads each
+tensor from the checkpoint on disk (cast as the fill cast it) and compares: a
+checkpoint rewritten in place after the fill shows here, tensor by tensor.
+Every difference is printed; the exit status is 1 if there is any.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from wcached.config import ModelConfig, default_config_path, load_config
+
+if TYPE_CHECKING:
+    import torch
+
+# GPU tensors are hashed through host buffers of at most this many bytes.
+CHUNK = 64 << 20
+
+
+@dataclass
+class Report:
+    model: str
+    checked_memory: int = 0
+    checked_disk: int = 0
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def served_digest(t: torch.Tensor) -> str:
+    """xxh3-128 of a tensor's bytes in memory order (as the fill hashed them)."""
+    import torch
+    import xxhash
+
+    flat = t.detach().reshape(-1).view(torch.uint8) if t.numel() else t.new_empty(0, dtype=torch.uint8)
+    h = xxhash.xxh3_128()
+    if flat.is_cuda:
+        for start in range(0, flat.numel(), CHUNK):
+            h.update(flat[start : start + CHUNK].cpu().numpy().tobytes())
+    else:
+        h.update(flat.numpy().tobytes())
+    return h.hexdigest()
+
+
+def verify_model(att: Any, model: ModelConfig | None) -> Report:
+    """``att``: an attachment; ``model``: its ``[[model]]`` table (for the disk
+    comparison), if the config names it."""
+    manifest = att.manifest
+    rep = Report(manifest.model)
+    served: dict[str, str] = {}
+    for info in manifest.tensors:
+        if info.alias_of is not None or not info.digest:
+            continue
+        got = served_digest(att.tensors[info.name])
+        served[info.name] = got
+        rep.checked_memory += 1
+        if got != info.digest:
+            rep.problems.append(f"{info.name}: the memory served differs from what was filled")
+    if not served:
+        rep.notes.append(
+            "no per-tensor digests were recorded by this fill (digest = false, or vLLM on a GPU)"
+        )
+    if model is None:
+        rep.notes.append("not in this config: the checkpoint on disk is not compared")
+        return rep
+    if manifest.key.loader != "safetensors":
+        _compare_fingerprint(manifest, model, rep)
+        return rep
+    _compare_disk(manifest, model, rep)
+    return rep
+
+
+def _compare_fingerprint(manifest: Any, model: ModelConfig, rep: Report) -> None:
+    """Loaders whose tensors are not the checkpoint's bytes (vLLM fuses and
+    transforms them): compare the checkpoint's fingerprint only."""
+    from wcached.integrations.vllm_keys import checkpoint_fingerprint_or_empty
+
+    now = checkpoint_fingerprint_or_empty(model.path)
+    if now and manifest.key.fingerprint and now != manifest.key.fingerprint:
+        rep.problems.append(f"checkpoint {model.path} changed since the fill (its fingerprint differs)")
+    else:
+        rep.notes.append(
+            f"{manifest.key.loader} loader: the checkpoint's fingerprint is compared, not its bytes"
+        )
+
+
+def _compare_disk(manifest: Any, model: ModelConfig, rep: Report) -> None:
+    import xxhash
+
+    from wcached.dtypes import BY_TORCH_NAME
+    from wcached.errors import FillError
+    from wcached.loaders.safetensors import _cast, read_checkpoint
+
+    try:
+        ckpt = read_checkpoint(model.path)
+    except FillError as e:
+        rep.problems.append(f"checkpoint {model.path}: {e}")
+        return
+    by_name = {i.name: i for i in manifest.tensors}
+    fds: dict[str, int] = {}
+    try:
+        for t in ckpt.tensors:
+            info = by_name.get(t.name)
+            if info is None:
+                rep.problems.append(
+                    f"{t.name}: in the checkpoint ({os.path.basename(t.file)}) but not served"
+                )
+                continue
+            if not info.digest:
+                continue
+            fd = fds.get(t.file)
+            if fd is None:
+                fd = fds[t.file] = os.open(t.file, os.O_RDONLY | os.O_CLOEXEC)
+            out = BY_TORCH_NAME[info.dtype]
+            if out is t.dtype:
+                data = os.pread(fd, t.nbytes, t.data_start)
+                if len(data) != t.nbytes:
+                    rep.problems.append(f"{t.name}: {os.path.basename(t.file)} is truncated now")
+                    continue
+                digest = xxhash.xxh3_128(data).hexdigest()
+            else:
+                digest = xxhash.xxh3_128(_cast(fd, t, out)).hexdigest()
+            rep.checked_disk += 1
+            if digest != info.digest:
+                rep.problems.append(
+                    f"{t.name}: {os.path.basename(t.file)} on disk differs from what is served "
+                    "(the checkpoint changed since the fill)"
+                )
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+
+
+def run(instance: str, model_name: str | None, config: str | None, socket_dir: str | None) -> int:
+    from wcached.client import attach
+    from wcached.client.connection import DaemonConnection, find_socket_dir, socket_path
+    from wcached.errors import WcacheError
+
+    try:
+        sdir = find_socket_dir(socket_dir, config)
+        cfg = load_config(config) if config or os.path.exists(default_config_path()) else None
+        with DaemonConnection(socket_path(instance, sdir), client="wcached verify") as conn:
+            names = [m.name for m in conn.status().models if m.state == "ready"]
+    except WcacheError as e:
+        print(f"wcached: {e}")
+        return e.exit_status
+    if model_name:
+        if model_name not in names:
+            print(f"wcached: instance {instance} serves no model {model_name!r} (it serves {names})")
+            return 2
+        names = [model_name]
+    configured = {m.name: m for m in cfg.model} if cfg else {}
+    bad = 0
+    for name in names:
+        try:
+            with attach(name, instance, socket_dir=sdir, client="wcached verify", keep_lease=False) as att:
+                rep = verify_model(att, configured.get(name))
+        except WcacheError as e:
+            print(f"{name}: cannot attach: {e}")
+            bad += 1
+            continue
+        state = "DIFFERS" if rep.problems else "ok"
+        print(
+            f"{name}: {state} ({rep.checked_memory} tensors checked in memory, "
+            f"{rep.checked_disk} against the checkpoint)"
+        )
+        for p in rep.problems:
+            print(f"  {p}")
+        for n in rep.notes:
+            print(f"  note: {n}")
+        bad += bool(rep.problems)
+    return 1 if bad else 0
