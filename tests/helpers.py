@@ -233,11 +233,12 @@ def start_daemon(
     env: dict | None = None,
     work: Path | None = None,
     store_from: NotifyListener | None = None,
-    limit_as: int | None = None,
+    rlimits: dict[int, int] | None = None,
 ) -> Daemon:
     """A daemon process; ``store_from``: the notify listener of a previous
     daemon of this instance, whose fd store this one gets (as after a restart);
-    ``limit_as``: an address-space cap (RLIMIT_AS) for the daemon and its worker."""
+    ``rlimits``: resource limits (``resource.RLIMIT_*`` -> value) for the
+    daemon and its worker."""
     work = work or config.parent
     notify = NotifyListener(work)
     log_path = work / f"daemon-{instance}-{time.monotonic_ns()}.log"
@@ -262,7 +263,7 @@ def start_daemon(
             stderr=subprocess.STDOUT,
             env=full_env,
             pass_fds=pass_fds,
-            preexec_fn=(lambda: _limit_as(limit_as)) if limit_as else None,
+            preexec_fn=(lambda: _set_rlimits(rlimits)) if rlimits else None,
         )
     from wcached.device import resolve_instance
 
@@ -270,10 +271,11 @@ def start_daemon(
     return Daemon(proc, sock, log_path, notify, sdir)
 
 
-def _limit_as(nbytes: int) -> None:
+def _set_rlimits(limits: dict[int, int]) -> None:
     import resource
 
-    resource.setrlimit(resource.RLIMIT_AS, (nbytes, nbytes))
+    for which, value in limits.items():
+        resource.setrlimit(which, (value, value))
 
 
 def wait_ready(d: Daemon, timeout: float) -> None:

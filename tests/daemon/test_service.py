@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import resource
 import signal
 import socket
 import stat
@@ -249,7 +250,7 @@ def test_host_memory_exhausted_while_filling_exits_75_for_a_retry(work: Path) ->
     )
     # The address-space cap is inherited by the loader worker, which then
     # cannot map the 256 MiB segment it fills.
-    d = start_daemon(cfg, env={"MALLOC_ARENA_MAX": "1"}, limit_as=200 << 20)
+    d = start_daemon(cfg, env={"MALLOC_ARENA_MAX": "1"}, rlimits={resource.RLIMIT_AS: 200 << 20})
     rc = d.proc.wait(60)
     log = d.log()
     assert rc == EX_TEMPFAIL, log

@@ -7,11 +7,12 @@ import pwd
 import socket
 import struct
 import sys
+import time
 from collections.abc import Sequence
 
 from wcached.config import default_config_path, load_config
 from wcached.device import instance_id_for
-from wcached.errors import PermissionRefused, ProtocolError, VersionMismatch, error_for_code
+from wcached.errors import Busy, PermissionRefused, ProtocolError, VersionMismatch, error_for_code
 from wcached.protocol.messages import (
     PROTOCOL_VERSION,
     ErrorReply,
@@ -90,6 +91,24 @@ class DaemonConnection:
     ):
         self.path = path
         self.timeout = timeout
+        # A daemon at max_clients answers busy; slots free up as others
+        # leave (silent connections are dropped after its timeout), so this
+        # tries again until the deadline.
+        deadline = time.monotonic() + timeout
+        delay = 0.05
+        while True:
+            try:
+                self._connect(path, timeout, client, daemon_users)
+                return
+            except Busy:
+                if time.monotonic() + delay >= deadline:
+                    raise
+                time.sleep(delay)
+                delay = min(0.5, delay * 2)
+
+    def _connect(
+        self, path: str, timeout: float, client: str | None, daemon_users: Sequence[str] | None
+    ) -> None:
         self.sock: socket.socket = connect(path, timeout)
         try:
             self.daemon_pid = check_daemon_peer(self.sock, path, daemon_users)

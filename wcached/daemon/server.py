@@ -10,6 +10,7 @@ connection goes on; a framing error ends that connection only.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import socket
@@ -82,6 +83,10 @@ class Server:
         self._sessions: dict[int, Session] = {}
         self._lock = threading.Lock()
         self.changed = threading.Event()  # client count changed: refresh STATUS=
+        self._threads = 0  # connection threads running (at most max_clients)
+        self._starved = False  # accept() ran out of fds
+        self._busy_refused = 0
+        self._busy_logged_at = 0.0
         # Called after a client released a model (the service drops it from the fd store).
         self.on_released: Callable[[HeldModel], None] | None = None
 
@@ -115,18 +120,60 @@ class Server:
         self.listener = sock
         return sock
 
-    def accept_pending(self) -> None:
+    def accept_pending(self) -> bool:
+        """Accept what is queued, one thread per connection and at most
+        ``max_clients`` of them; beyond that a connection gets a ``busy``
+        reply from here and is closed. False when out of fds: the caller stops
+        polling the listener for a moment instead of spinning on it."""
         assert self.listener is not None
         while True:
             try:
                 conn, _ = self.listener.accept()
             except (BlockingIOError, InterruptedError):
-                return
-            except OSError as e:  # EMFILE and friends: log and try on the next wakeup
+                return True
+            except OSError as e:
+                if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    if not self._starved:
+                        log.error("accept failed: %s; pausing accepts (connections wait in the backlog)", e)
+                    self._starved = True
+                    return False
                 log.error("accept failed: %s", e)
-                return
+                return True
+            if self._starved:
+                log.warning("accepting again")
+                self._starved = False
+            with self._lock:
+                full = self._threads >= self.settings.max_clients
+                if not full:
+                    self._threads += 1
+            if full:
+                self._refuse_busy(conn)
+                continue
             conn.setblocking(True)
-            threading.Thread(target=self._serve_connection, args=(conn,), daemon=True).start()
+            threading.Thread(target=self._serve_counted, args=(conn,), daemon=True).start()
+
+    def _refuse_busy(self, conn: socket.socket) -> None:
+        with conn:
+            self._busy_refused += 1
+            now = time.monotonic()
+            if now - self._busy_logged_at >= 1.0:  # one line a second, however many
+                log.warning(
+                    "refused %d connection(s): %d clients connected (max_clients)",
+                    self._busy_refused,
+                    self.settings.max_clients,
+                )
+                self._busy_refused = 0
+                self._busy_logged_at = now
+            self._try_send(
+                Channel(conn, Request), ErrorReply(code=Busy.code, message="too many clients"), 0.0
+            )
+
+    def _serve_counted(self, conn: socket.socket) -> None:
+        try:
+            self._serve_connection(conn)
+        finally:
+            with self._lock:
+                self._threads -= 1
 
     def close(self) -> None:
         """Stop accepting, unlink the socket, and drop every connection."""
@@ -176,15 +223,7 @@ class Server:
                 return
             session = Session(conn, peer)
             with self._lock:
-                if len(self._sessions) >= self.settings.max_clients:
-                    busy = True
-                else:
-                    busy = False
-                    self._sessions[id(session)] = session
-            if busy:
-                log.warning("refused pid %d: %d clients connected", peer.pid, self.settings.max_clients)
-                self._try_send(chan, ErrorReply(code=Busy.code, message="too many clients"))
-                return
+                self._sessions[id(session)] = session
             self.changed.set()
             try:
                 self._converse(chan, session, timeout)
@@ -332,8 +371,8 @@ class Server:
         )
 
     @staticmethod
-    def _try_send(chan: Channel, msg: object) -> None:
+    def _try_send(chan: Channel, msg: object, timeout: float = 1.0) -> None:
         try:
-            chan.send(msg, timeout=1.0)
+            chan.send(msg, timeout=timeout)
         except (OSError, WcacheError):
             pass

@@ -36,6 +36,9 @@ log = logging.getLogger("wcached.service")
 
 # While filling, ask systemd for this much more start time on every tick.
 EXTEND_S = 30.0
+# Out of fds: how long the listener is left alone before accepting again
+# (connections wait in the kernel's backlog meanwhile).
+ACCEPT_PAUSE_S = 0.25
 
 
 class Service:
@@ -221,12 +224,19 @@ class Service:
         if self.notifier.watchdog_interval is not None:
             interval = min(interval, self.notifier.watchdog_interval)
             self.notifier.ping_watchdog()
+        resume_at: float | None = None  # accepts paused (out of fds) until then
         while self.stop_signal is None:
-            for key, _ in sel.select(interval):
+            timeout = interval if resume_at is None else max(0.0, min(interval, resume_at - time.monotonic()))
+            for key, _ in sel.select(timeout):
                 if key.data == "accept":
-                    self.server.accept_pending()
+                    if not self.server.accept_pending():
+                        sel.unregister(self.server.listener)
+                        resume_at = time.monotonic() + ACCEPT_PAUSE_S
                 else:
                     _drain(wakeup)
+            if resume_at is not None and time.monotonic() >= resume_at:
+                resume_at = None
+                sel.register(self.server.listener, selectors.EVENT_READ, "accept")
             if self.notifier.watchdog_due():
                 self.notifier.ping_watchdog()
             if self.server.changed.is_set():

@@ -153,8 +153,21 @@ def connect(path: str, timeout: float | None) -> socket.socket:
     """Connect to a daemon socket, mapping absence to DaemonUnavailable."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     sock.settimeout(timeout)
+    deadline = Deadline(timeout)
     try:
-        sock.connect(path)
+        while True:
+            try:
+                sock.connect(path)
+                break
+            except BlockingIOError:
+                # The daemon's listen backlog is full (a Unix socket with a
+                # timeout says EAGAIN rather than waiting): it drains as the
+                # daemon accepts, so try again until the deadline.
+                try:
+                    left = deadline.remaining()
+                except TimeoutExpired:
+                    raise TimeoutError from None
+                time.sleep(0.01 if left is None else min(0.01, left))
     except FileNotFoundError:
         sock.close()
         raise DaemonUnavailable(f"no daemon socket at {path}") from None
