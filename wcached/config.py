@@ -80,6 +80,10 @@ class ModelConfig(_Table):
     pipeline_parallel_size: int = 1
     rendezvous: str = ""
     ranks: dict[str, int] = {}
+    # A fill that makes no progress for this long fails (exit 75, retried by
+    # the unit), naming why: a tensor-parallel rank that never joined, a
+    # checkpoint on a hung network filesystem.
+    fill_timeout_s: float = 900.0
     # Further vLLM EngineArgs that change weights (quantization, revision,
     # max_model_len, trust_remote_code, ...).
     engine_args: dict[str, str | int | float | bool] = {}
@@ -279,6 +283,8 @@ def _check(cfg: Config, path: str) -> None:
             raise ConfigError(path, f"{key}.ranks", "two instances have the same rank")
         if m.read_threads != "auto" and m.read_threads < 1:
             raise ConfigError(path, f"{key}.read_threads", "must be >= 1")
+        if m.fill_timeout_s <= 0:
+            raise ConfigError(path, f"{key}.fill_timeout_s", "must be > 0")
     for name, inst in cfg.instance.items():
         for j, model_name in enumerate(inst.models or []):
             if model_name not in seen:

@@ -78,6 +78,14 @@ class OutOfMemory(FillError):
     exit_status = EX_TEMPFAIL
 
 
+class FillStalled(FillError):
+    """The fill made no progress for ``fill_timeout_s``: temporary (a rank
+    that may still come, a filesystem that may recover), so retried."""
+
+    code = "fill_stalled"
+    exit_status = EX_TEMPFAIL
+
+
 class CheckpointMissing(FillError):
     """The checkpoint path does not exist (yet): a network filesystem still
     mounting at boot. Retried by the unit, not a permanent failure."""
@@ -150,6 +158,7 @@ _BY_CODE: dict[str, type[WcacheError]] = {
         LockForeign,
         FillError,
         OutOfMemory,
+        FillStalled,
         CheckpointMissing,
         ProtocolError,
         FrameTooLarge,

@@ -175,7 +175,16 @@ def _config(path: Path, work: Path, ckpt: Path, **model: object) -> Path:
 
 def test_changed_model_settings_are_refilled_naming_them(work: Path, ckpt: Path) -> None:
     before = _config(work / "before.toml", work, ckpt, segment_size="64KiB")
-    after = _config(work / "after.toml", work, ckpt, segment_size="128KiB", digest=False)
+    # read_threads and fill_timeout_s change how a fill runs, not what it holds.
+    after = _config(
+        work / "after.toml",
+        work,
+        ckpt,
+        segment_size="128KiB",
+        digest=False,
+        read_threads=1,
+        fill_timeout_s=60.0,
+    )
     line = _restart_reason(work, before, lambda: None, after)
     assert "its [[model]] settings changed: digest, segment_size" in line
 

@@ -343,6 +343,25 @@ def test_unexpected_error_is_logged_with_traceback_and_exits_70(work: Path, shar
     assert "Traceback" in log
 
 
+def test_fill_without_progress_fails_after_fill_timeout(work: Path) -> None:
+    """A checkpoint read that never returns (a FIFO stands in for a hung
+    network filesystem): the fill fails after fill_timeout_s, exit 75."""
+    ckpt = work / "ckpt"
+    ckpt.mkdir()
+    os.mkfifo(ckpt / "model.safetensors")
+    cfg = write_config(
+        work / "wcached.toml",
+        models=[{"name": "default", "path": str(ckpt), "fill_timeout_s": 2.0}],
+        daemon={"socket_dir": str(work / "run")},
+    )
+    d = start_daemon(cfg)
+    rc = d.proc.wait(30)
+    log = d.log()
+    assert rc == EX_TEMPFAIL, log
+    assert "the fill made no progress for 2 s (fill_timeout_s)" in log and str(ckpt) in log, log
+    assert not os.path.exists(d.socket_path)
+
+
 def test_config_error_exits_78_naming_file_and_key(work: Path) -> None:
     cfg = work / "wcached.toml"
     cfg.write_text('[daemon]\nsocket_dir = "run"\nsocket_dri = "typo"\n')

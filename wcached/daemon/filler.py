@@ -9,6 +9,7 @@ import socket
 import stat
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 
 import msgspec
@@ -16,7 +17,14 @@ import msgspec
 from wcached.config import InstanceSettings, ModelConfig
 from wcached.daemon.state import HeldModel
 from wcached.device import Device
-from wcached.errors import CheckpointMissing, ConfigError, FillError, TimeoutExpired, error_for_code
+from wcached.errors import (
+    CheckpointMissing,
+    ConfigError,
+    FillError,
+    FillStalled,
+    TimeoutExpired,
+    error_for_code,
+)
 from wcached.protocol.messages import (
     FillDone,
     FillFailed,
@@ -90,8 +98,10 @@ def fill_models(
                 models=[msgspec.to_builtins(with_canonical_ranks(m, device)) for m in settings.models],
             )
         )
+        by_name = {m.name: m for m in settings.models}
         current = settings.models[0].name if settings.models else ""
         done = 0
+        last_progress = time.monotonic()
         while True:
             if should_stop():
                 raise FillAborted()
@@ -99,9 +109,12 @@ def fill_models(
                 msg = chan.recv(MAX_REPLY_BYTES, idle_timeout=POLL_S, frame_timeout=60.0)
             except TimeoutExpired:
                 on_tick(current, done, totals.get(current, 0))
+                if current in by_name:
+                    _check_stall(by_name[current], time.monotonic() - last_progress)
                 continue
             except (PeerClosed, OSError):
                 raise FillError(_worker_death(proc)) from None
+            last_progress = time.monotonic()
             if isinstance(msg, FillProgress):
                 current, done = msg.model, msg.done_bytes
                 on_tick(current, done, totals.get(current, 0))
@@ -136,6 +149,19 @@ def fill_models(
         raise
     finally:
         parent.close()
+
+
+def _check_stall(model: ModelConfig, idle_s: float) -> None:
+    if idle_s <= model.fill_timeout_s:
+        return
+    if model.tensor_parallel_size * model.pipeline_parallel_size > 1:
+        why = f"a tensor/pipeline-parallel rank that never joined at {model.rendezvous}?"
+    else:
+        why = f"a checkpoint read that hangs (a network filesystem?) at {model.path}?"
+    raise FillStalled(
+        f"model {model.name!r}: the fill made no progress for {model.fill_timeout_s:.0f} s "
+        f"(fill_timeout_s); {why}"
+    )
 
 
 def check_checkpoint_path(model: ModelConfig) -> None:

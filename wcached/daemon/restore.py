@@ -36,6 +36,11 @@ _VLLM_VERSION = (
 )
 
 
+# [[model]] settings that change how a fill runs, not what it holds: changing
+# them does not make a stored fill stale.
+HOW_NOT_WHAT = frozenset({"read_threads", "fill_timeout_s"})
+
+
 class NotRestorable(Exception):
     """Why a stored model is refilled instead (the message says what changed)."""
 
@@ -117,7 +122,11 @@ def restore(entry: StoredEntry, model: ModelConfig, instance: str, python: str) 
     if record.instance != instance:
         raise NotRestorable(f"it was stored by instance {record.instance}")
     now = msgspec.to_builtins(model)
-    changed = sorted(k for k in set(now) | set(record.config) if now.get(k) != record.config.get(k))
+    changed = sorted(
+        k
+        for k in set(now) | set(record.config)
+        if now.get(k) != record.config.get(k) and k not in HOW_NOT_WHAT
+    )
     if changed:
         raise NotRestorable(f"its [[model]] settings changed: {', '.join(changed)}")
     environment = loader_environment(model, python)
