@@ -1,8 +1,11 @@
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from wcached.cli import main
 from wcached.errors import EX_CONFIG
@@ -65,3 +68,36 @@ def test_status_says_what_the_weights_take_of_the_gpu() -> None:
     # Host memory, or nothing held: nothing to say.
     assert memory_note({**r, "device_memory_bytes": 0}) == ""
     assert memory_note({**r, "models": [{"state": "released", "bytes": 1}]}) == ""
+
+
+def test_check_config_as_the_daemons_user_finds_what_serve_would_trip_over(work: Path, sharded_ckpt) -> None:
+    """An unreadable model directory and a lock file of root's: found before a
+    long fill, named, with the user they were checked for."""
+    from tests.helpers import other_users_can_run_python, write_config
+
+    if not other_users_can_run_python():
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI runs as root with an interpreter others can run")
+        pytest.skip("needs root and an interpreter others can run")
+    import shutil
+
+    ckpt = Path(shutil.copytree(sharded_ckpt, work / "ckpt"))
+    ckpt.chmod(0o700)
+    run = work / "run"
+    run.mkdir(mode=0o755)
+    (run / "cpu0.lock").write_text("1\n")
+    (run / "cpu0.lock").chmod(0o600)
+    cfg = write_config(
+        work / "wcached.toml",
+        models=[{"name": "default", "path": str(ckpt)}],
+        daemon={"socket_dir": str(run), "allowed_users": ["nobody"]},
+    )
+    argv = [sys.executable, "-m", "wcached", "check-config", "--config", str(cfg)]
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    ok = subprocess.run(argv, capture_output=True, text=True, env=env)
+    assert ok.returncode == 0 and "checked as user root" in ok.stdout, ok.stderr
+    r = subprocess.run([*argv, "--user", "nobody"], capture_output=True, text=True, env=env)
+    assert r.returncode == 78, r.stdout + r.stderr
+    assert "checked as user nobody" in r.stderr
+    assert f"user nobody cannot list {ckpt}" in r.stderr
+    assert f"{run / 'cpu0.lock'} belongs to user root, not to nobody" in r.stderr

@@ -6,12 +6,13 @@ import argparse
 import glob
 import json
 import os
+import subprocess
 import sys
 
 import msgspec
 
 from wcached import __version__
-from wcached.config import check_socket_path, default_config_path, instance_settings, load_config
+from wcached.config import default_config_path, instance_settings, load_config
 from wcached.errors import EX_CONFIG, WcacheError
 
 # systemctl's convention: 3 = not running.
@@ -59,7 +60,8 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("instance")
     sp.add_argument("--model", default=None, help="one model (default: every model it serves)")
 
-    add("check-config", "validate the config file and print what each instance serves", _check_config)
+    sp = add("check-config", "validate the config file and what serve would trip over", _check_config)
+    sp.add_argument("--user", default=None, help="check as this user, the daemon's (needs root); e.g. wcache")
     add("doctor", "say what this host lacks to run wcached, and how to fix it", _doctor)
     return p
 
@@ -83,13 +85,34 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def _check_config(args: argparse.Namespace) -> int:
+    from wcached.preflight import as_user, problems
+
+    if args.user and args.user != _me():
+        # Checked as the daemon's user: what it can read and open is what counts.
+        try:
+            uid, gid, groups = as_user(args.user)
+        except WcacheError as e:
+            print(f"wcached: {e}", file=sys.stderr)
+            return EX_CONFIG
+        if os.geteuid() != 0:
+            print(f"wcached: checking as user {args.user} needs root", file=sys.stderr)
+            return EX_CONFIG
+        argv = [sys.executable, "-m", "wcached", "check-config"]
+        argv += ["--config", os.path.abspath(args.config or default_config_path())]
+        r = subprocess.run(argv, user=uid, group=gid, extra_groups=groups, cwd="/")
+        return r.returncode
     try:
         cfg = load_config(args.config)
-        check_socket_path(cfg)
     except WcacheError as e:
         print(f"wcached: {e}", file=sys.stderr)
         return EX_CONFIG
-    print(f"{cfg.source}: OK")
+    found = problems(cfg)
+    if found:
+        print(f"{cfg.source}: {len(found)} problem(s), checked as user {_me()}:", file=sys.stderr)
+        for p in found:
+            print(f"  {p}", file=sys.stderr)
+        return EX_CONFIG
+    print(f"{cfg.source}: OK (checked as user {_me()})")
     print(f"  socket_dir: {cfg.daemon.socket_dir}")
     for m in cfg.model:
         print(f"  model {m.name}: loader={m.loader} dtype={m.dtype} path={m.path}")
@@ -97,6 +120,15 @@ def _check_config(args: argparse.Namespace) -> int:
         s = instance_settings(cfg, name)
         print(f"  instance {name}: {', '.join(m.name for m in s.models) or 'no models'}")
     return 0
+
+
+def _me() -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return str(os.geteuid())
 
 
 def _socket_dir(args: argparse.Namespace) -> str:

@@ -1,0 +1,111 @@
+"""What ``wcached serve`` would trip over after a long fill, found before it.
+
+``wcached check-config`` runs these as the daemon's user (``--user``, by
+re-running itself as that user when started as root) so that "cannot read the
+model" or "the lock file belongs to root" shows up before a unit restarts in a
+loop: allowed users and groups resolved as ``serve`` resolves them, every
+instance's socket path length, the socket directory's owner and mode, the
+lock files, and every model path's readability.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import stat
+
+from wcached.config import Config, check_socket_path, instance_settings
+from wcached.errors import ConfigError, WcacheError
+
+
+def problems(cfg: Config) -> list[str]:
+    """Every problem found, as the current user; empty if none."""
+    found: list[str] = []
+
+    def check(fn, *args) -> None:
+        try:
+            fn(*args)
+        except WcacheError as e:
+            found.append(str(e))
+
+    from wcached.daemon.peers import AccessPolicy
+
+    d = cfg.daemon
+    check(AccessPolicy.from_names, tuple(d.allowed_users), tuple(d.allowed_groups), cfg.source, "daemon.")
+    for name, table in cfg.instance.items():
+        users = tuple(table.allowed_users if table.allowed_users is not None else d.allowed_users)
+        groups = tuple(table.allowed_groups if table.allowed_groups is not None else d.allowed_groups)
+        check(AccessPolicy.from_names, users, groups, cfg.source, f"instance.{name}.")
+        check(instance_settings, cfg, name)
+    check(check_socket_path, cfg)
+    if os.path.isdir(d.socket_dir):
+        from wcached.daemon.service import check_socket_dir
+
+        check(check_socket_dir, d.socket_dir)
+        found += _foreign_files(d.socket_dir)
+    elif os.path.exists(d.socket_dir):
+        found.append(f"daemon.socket_dir {d.socket_dir} exists and is not a directory")
+    for i, m in enumerate(cfg.model):
+        found += _unreadable(m.path, f"model[{i}] ({m.name})", m.loader)
+    return found
+
+
+def _foreign_files(socket_dir: str) -> list[str]:
+    """Lock files and sockets this user could not take over."""
+    me = os.geteuid()
+    out = []
+    for name in sorted(os.listdir(socket_dir)):
+        path = os.path.join(socket_dir, name)
+        if not name.endswith((".lock", ".sock")):
+            continue
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if stat.S_ISLNK(st.st_mode):
+            out.append(f"{path} is a symlink; fix with: rm {path}")
+        elif me != 0 and st.st_uid != me:
+            owner = _user(st.st_uid)
+            out.append(
+                f"{path} belongs to user {owner}, not to {_user(me)} (left by a daemon run as {owner}?); "
+                f"if no daemon runs there, fix with: rm {path}"
+            )
+    return out
+
+
+def _unreadable(path: str, what: str, loader: str) -> list[str]:
+    if loader == "vllm" and not os.path.isabs(path):
+        return []  # a hub id
+    me = _user(os.geteuid())
+    if not os.path.exists(path):
+        return [f"{what}: {path} does not exist (the daemon would wait for it: exit 69)"]
+    if os.path.isdir(path):
+        if not os.access(path, os.R_OK | os.X_OK):
+            return [f"{what}: user {me} cannot list {path}"]
+        bad = [
+            n
+            for n in sorted(os.listdir(path))
+            if os.path.isfile(os.path.join(path, n)) and not os.access(os.path.join(path, n), os.R_OK)
+        ]
+        if bad:
+            return [f"{what}: user {me} cannot read {', '.join(bad[:5])} in {path}"]
+        return []
+    if not os.access(path, os.R_OK):
+        return [f"{what}: user {me} cannot read {path}"]
+    return []
+
+
+def _user(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def as_user(user: str) -> tuple[int, int, list[int]]:
+    """uid, gid and supplementary groups of ``user`` (for re-running as it)."""
+    try:
+        pw = pwd.getpwnam(user)
+    except KeyError:
+        raise ConfigError(None, "--user", f"no such user {user!r}") from None
+    return pw.pw_uid, pw.pw_gid, os.getgrouplist(user, pw.pw_gid)
