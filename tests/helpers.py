@@ -108,6 +108,28 @@ def write_config(
     return path
 
 
+def one_model_config(work: Path, path: Path, socket_dir: Path | None = None, **model: object) -> Path:
+    """``work/wcached.toml`` serving ``path`` as "default" from ``work/run``
+    (or ``socket_dir``); ``model`` adds [[model]] keys."""
+    return write_config(
+        work / "wcached.toml",
+        models=[{"name": "default", "path": str(path), **model}],
+        daemon={"socket_dir": str(socket_dir or work / "run")},
+    )
+
+
+def require_other_users() -> None:
+    """Skip where clients cannot run as other users (root and an interpreter
+    outside /root are needed); under CI=true, where they must, fail."""
+    if other_users_can_run_python():
+        return
+    import pytest
+
+    if os.environ.get("CI") == "true":
+        pytest.fail("CI runs as root with an interpreter others can run")
+    pytest.skip("needs root and an interpreter others can run")
+
+
 def tied_model_config(work: Path, ckpt: Path, segment_size: str, **daemon) -> Path:
     """A config serving ``ckpt`` as "default", lm_head tied to the embedding."""
     return write_config(

@@ -5,8 +5,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from wcached.cli import main
 from wcached.errors import EX_CONFIG
 
@@ -73,12 +71,9 @@ def test_status_says_what_the_weights_take_of_the_gpu() -> None:
 def test_check_config_as_the_daemons_user_finds_what_serve_would_trip_over(work: Path, sharded_ckpt) -> None:
     """An unreadable model directory and a lock file of root's: found before a
     long fill, named, with the user they were checked for."""
-    from tests.helpers import other_users_can_run_python, write_config
+    from tests.helpers import require_other_users, write_config
 
-    if not other_users_can_run_python():
-        if os.environ.get("CI") == "true":
-            pytest.fail("CI runs as root with an interpreter others can run")
-        pytest.skip("needs root and an interpreter others can run")
+    require_other_users()
     import shutil
 
     ckpt = Path(shutil.copytree(sharded_ckpt, work / "ckpt"))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import other_users_can_run_python, run_as
+from tests.helpers import require_other_users, run_as
 from wcached.client.connection import DaemonConnection, trusted_daemon_uids
 from wcached.errors import PermissionRefused
 
@@ -29,10 +29,7 @@ SQUATTER = textwrap.dedent(
 
 
 def test_socket_served_by_an_untrusted_user_is_refused(work: Path) -> None:
-    if not other_users_can_run_python():
-        if os.environ.get("CI") == "true":
-            pytest.fail("CI runs as root with an interpreter others can run")
-        pytest.skip("needs root and an interpreter others can run")
+    require_other_users()
     import subprocess
     import threading
 

@@ -20,11 +20,11 @@ import pytest
 from tests.helpers import (
     as_bytes,
     load_reference,
-    other_users_can_run_python,
+    one_model_config,
+    require_other_users,
     run_as,
     run_daemon,
     start_daemon,
-    write_config,
     write_sharded,
 )
 from wcached.client import attach
@@ -162,11 +162,7 @@ def test_second_daemon_fails_fast(cpu_config: Path) -> None:
 def test_ready_only_once_socket_accepts(work: Path) -> None:
     # Big enough that the fill takes a few progress ticks.
     ckpt = write_sharded(work / "big", {f"w{i}": torch.ones(1024, 1024) for i in range(48)}, shards=4)
-    cfg = write_config(
-        work / "wcached.toml",
-        models=[{"name": "default", "path": str(ckpt), "read_threads": 1}],
-        daemon={"socket_dir": str(work / "run")},
-    )
+    cfg = one_model_config(work, ckpt, read_threads=1)
     d = start_daemon(cfg)
     try:
         first = d.notify.wait_for("EXTEND_TIMEOUT_USEC=30000000", 30, d.proc)
@@ -208,11 +204,7 @@ def test_truncated_checkpoint_fails_fill_naming_file_and_tensor(work: Path) -> N
     shard = ckpt / "model-00001-of-00001.safetensors"
     with open(shard, "r+b") as f:
         f.truncate(shard.stat().st_size - 100)
-    cfg = write_config(
-        work / "wcached.toml",
-        models=[{"name": "default", "path": str(ckpt)}],
-        daemon={"socket_dir": str(work / "run")},
-    )
+    cfg = one_model_config(work, ckpt)
     d = start_daemon(cfg)
     rc = d.proc.wait(30)
     log = d.log()
@@ -225,11 +217,7 @@ def test_truncated_checkpoint_fails_fill_naming_file_and_tensor(work: Path) -> N
 def test_missing_checkpoint_path_exits_69_for_a_retry(work: Path) -> None:
     """A path not there yet (a network filesystem still mounting) is a
     temporary failure the unit retries, not the permanent 65."""
-    cfg = write_config(
-        work / "wcached.toml",
-        models=[{"name": "default", "path": str(work / "not-mounted-yet")}],
-        daemon={"socket_dir": str(work / "run")},
-    )
+    cfg = one_model_config(work, work / "not-mounted-yet")
     d = start_daemon(cfg)
     rc = d.proc.wait(30)
     log = d.log()
@@ -243,11 +231,7 @@ def test_host_memory_exhausted_while_filling_exits_75_for_a_retry(work: Path) ->
     which the unit retries with a growing delay; here the worker's address
     space is capped below what a segment needs."""
     big = write_sharded(work / "big", {"w": torch.zeros(1024, 1024, 64)}, shards=1)  # 256 MiB
-    cfg = write_config(
-        work / "wcached.toml",
-        models=[{"name": "default", "path": str(big), "segment_size": "256MiB", "read_threads": 1}],
-        daemon={"socket_dir": str(work / "run")},
-    )
+    cfg = one_model_config(work, big, segment_size="256MiB", read_threads=1)
     # The address-space cap is inherited by the loader worker, which then
     # cannot map the 256 MiB segment it fills.
     d = start_daemon(cfg, env={"MALLOC_ARENA_MAX": "1"}, rlimits={resource.RLIMIT_AS: 200 << 20})
@@ -260,17 +244,10 @@ def test_host_memory_exhausted_while_filling_exits_75_for_a_retry(work: Path) ->
 def test_lock_left_by_another_user_names_owner_and_fix(work: Path, sharded_ckpt: Path) -> None:
     """A lock file a manual `wcached serve` as root left behind: the daemon's
     user cannot open it; exit 78 (no restart loop) naming file, owner, fix."""
-    if not other_users_can_run_python():
-        if os.environ.get("CI") == "true":
-            pytest.fail("CI runs as root with an interpreter others can run")
-        pytest.skip("needs root and an interpreter others can run")
+    require_other_users()
     run = work / "run"
     run.mkdir()
-    cfg = write_config(
-        work / "wcached.toml",
-        models=[{"name": "default", "path": str(sharded_ckpt)}],
-        daemon={"socket_dir": str(run)},
-    )
+    cfg = one_model_config(work, sharded_ckpt, run)
     lock = run / "cpu0.lock"
     lock.write_text("1\n")
     lock.chmod(0o600)  # root's
@@ -291,11 +268,7 @@ def test_socket_dir_others_could_write_is_refused(work: Path, sharded_ckpt: Path
         if os.getuid() != 0:
             pytest.skip("needs root to give the directory away")
         os.chown(run, pwd.getpwnam("nobody").pw_uid, -1)
-    cfg = write_config(
-        work / "wcached.toml",
-        models=[{"name": "default", "path": str(sharded_ckpt)}],
-        daemon={"socket_dir": str(run)},
-    )
+    cfg = one_model_config(work, sharded_ckpt, run)
     d = start_daemon(cfg)
     assert d.proc.wait(30) == EX_CONFIG, d.log()
     log = d.log()
@@ -313,11 +286,7 @@ def test_socket_appears_complete_and_no_temporary_name_remains(cpu_config: Path)
 def test_lock_path_symlink_is_refused(work: Path, sharded_ckpt: Path) -> None:
     run = work / "run"
     run.mkdir()
-    cfg = write_config(
-        work / "wcached.toml",
-        models=[{"name": "default", "path": str(sharded_ckpt)}],
-        daemon={"socket_dir": str(run)},
-    )
+    cfg = one_model_config(work, sharded_ckpt, run)
     target = work / "victim"
     target.write_text("precious\n")
     (run / "cpu0.lock").symlink_to(target)
@@ -331,11 +300,7 @@ def test_unexpected_error_is_logged_with_traceback_and_exits_70(work: Path, shar
     """Anything unforeseen: its traceback at error priority, then EX_SOFTWARE
     (not Python's bare exit 1). A socket directory that is a file stands in."""
     (work / "run").write_text("not a directory")
-    cfg = write_config(
-        work / "wcached.toml",
-        models=[{"name": "default", "path": str(sharded_ckpt)}],
-        daemon={"socket_dir": str(work / "run")},
-    )
+    cfg = one_model_config(work, sharded_ckpt)
     d = start_daemon(cfg)
     assert d.proc.wait(30) == 70, d.log()
     log = d.log()
@@ -349,11 +314,7 @@ def test_fill_without_progress_fails_after_fill_timeout(work: Path) -> None:
     ckpt = work / "ckpt"
     ckpt.mkdir()
     os.mkfifo(ckpt / "model.safetensors")
-    cfg = write_config(
-        work / "wcached.toml",
-        models=[{"name": "default", "path": str(ckpt), "fill_timeout_s": 2.0}],
-        daemon={"socket_dir": str(work / "run")},
-    )
+    cfg = one_model_config(work, ckpt, fill_timeout_s=2.0)
     d = start_daemon(cfg)
     rc = d.proc.wait(30)
     log = d.log()
