@@ -78,15 +78,24 @@ def verify_model(att: Any, model: ModelConfig | None) -> Report:
 
 def _compare_fingerprint(manifest: Any, model: ModelConfig, rep: Report) -> None:
     """Loaders whose tensors are not the checkpoint's bytes (vLLM fuses and
-    transforms them): compare the checkpoint's fingerprint only."""
+    transforms them): the checkpoint's fingerprint, and with ``fingerprint =
+    "content"`` every byte the fill read."""
     from wcached.integrations.vllm_keys import checkpoint_fingerprint_or_empty
 
     now = checkpoint_fingerprint_or_empty(model.path)
     if now and manifest.key.fingerprint and now != manifest.key.fingerprint:
         rep.problems.append(f"checkpoint {model.path} changed since the fill (its fingerprint differs)")
+    recorded = manifest.attrs.get("checkpoint.content")
+    if recorded:
+        from wcached.checkpoint_content import content_digest
+
+        rep.checked_disk += 1
+        if content_digest(model.path) != recorded:
+            rep.problems.append(f"checkpoint {model.path}: its bytes differ from those the fill read")
     else:
         rep.notes.append(
-            f"{manifest.key.loader} loader: the checkpoint's fingerprint is compared, not its bytes"
+            f"{manifest.key.loader} loader: the checkpoint's fingerprint compared, not its bytes "
+            '(fingerprint = "content" records them)'
         )
 
 

@@ -131,3 +131,35 @@ def test_unknown_extra_config_key_is_rejected(vllm_python: str, model_dir: Path)
     out = engine(vllm_python, model_dir, load_format="wcache", model_loader_extra_config=extra)
     assert out["rc"] != 0
     assert "unknown model_loader_extra_config keys" in out["log"] and "sockets" in out["log"]
+
+
+def test_content_fingerprint_lets_verify_see_a_rewrite_that_hides_its_time(
+    work: Path, model_dir: Path
+) -> None:
+    """vLLM's tensors are not the checkpoint's bytes, so `fingerprint =
+    "content"` records a hash of every byte the fill read; `wcached verify`
+    recomputes it and sees a rewrite in place that kept size and mtime."""
+    import shutil
+    import sys
+
+    python = VLLM_PYTHONS["0.32"]
+    if not os.path.exists(python):
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must have the vLLM 0.32 virtualenv: {python}")
+        pytest.skip("no vLLM 0.32 virtualenv (make vllm-venv)")
+    ckpt = Path(shutil.copytree(model_dir, work / "model"))
+    cfg = vllm_daemon_config(python, work, ckpt, fingerprint="content")
+    argv = [sys.executable, "-m", "wcached", "verify", "cpu0", "--config", str(cfg)]
+    with run_daemon(cfg, "cpu0", timeout=300):
+        ok = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+        assert ok.returncode == 0, ok.stdout + ok.stderr
+        assert "against the checkpoint)" in ok.stdout and "1 against" in ok.stdout, ok.stdout
+        shard = sorted(ckpt.glob("*.safetensors"))[-1]
+        st = shard.stat()
+        with open(shard, "r+b") as f:
+            f.seek(st.st_size - 2)
+            f.write(b"\x12\x34")
+        os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))
+        bad = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+        assert bad.returncode == 1, bad.stdout + bad.stderr
+        assert "its bytes differ from those the fill read" in bad.stdout

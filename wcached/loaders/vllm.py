@@ -416,6 +416,13 @@ class VllmLoader:
         }
         if digests:
             attrs["digest"] = DIGEST_ALGORITHM
+        if model.fingerprint == "content":
+            # The key keeps the header fingerprint (what an engine computes
+            # cheaply to match); every checkpoint byte's hash is recorded
+            # beside it for `wcached verify`.
+            from wcached.checkpoint_content import content_digest
+
+            attrs["checkpoint.content"] = content_digest(model.path)
         try:
             from vllm.model_executor.model_loader.weight_cache.utils import export_model_attrs
 
