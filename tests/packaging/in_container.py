@@ -281,6 +281,58 @@ def main() -> None:
         assert "broken.toml" in log and "daemon.socket_dri" in log, log
         return f"ExecMainStatus={status} NRestarts={restarts}"
 
+    @check("startup_failures_under_unit")
+    def _():
+        """What used to exit 1 with a traceback at info priority and restart
+        every 2.3 s: each is now one line at error priority, exit 78, no restart."""
+        sh(
+            "mkdir -p /var/lib/wcache/secret && cp -r /var/lib/wcache/demo/model /var/lib/wcache/secret/",
+            check=True,
+        )
+        os.chmod("/var/lib/wcache/secret", 0o700)
+        with open("/run/wcache/cpu7.lock", "w") as f:
+            f.write("1\n")  # what a manual `wcached serve cpu7` as root leaves
+        os.chmod("/run/wcache/cpu7.lock", 0o600)
+        cases = {
+            "cpu5": ('path = "/var/lib/wcache/secret/model"', "", "cannot be read by user 'wcache'"),
+            "cpu6": ("", "/run/wcache/" + "d" * 90, "is too long"),
+            "cpu7": ("", "", "/run/wcache/cpu7.lock belongs to user root, not to wcache"),
+        }
+        for inst, (model_line, sdir, _) in cases.items():
+            text = CONFIG.replace(
+                'path = "/var/lib/wcache/demo/model"', model_line or 'path = "/var/lib/wcache/demo/model"'
+            )
+            if sdir:
+                text = text.replace('socket_dir = "/run/wcache"', f'socket_dir = "{sdir}"')
+            with open(f"/etc/wcache/{inst}.toml", "w") as f:
+                f.write(text)
+            os.makedirs(f"/etc/systemd/system/wcached@{inst}.service.d", exist_ok=True)
+            with open(f"/etc/systemd/system/wcached@{inst}.service.d/case.conf", "w") as f:
+                f.write(f"[Service]\nEnvironment=WCACHED_CONFIG=/etc/wcache/{inst}.toml\n")
+        sh("systemctl daemon-reload", check=True)
+        report = []
+        try:
+            for inst in cases:
+                sh(f"systemctl start wcached@{inst}")
+            time.sleep(6)  # RestartSec=2: a loop would show by now
+            for inst, (_, _, expect) in cases.items():
+                unit = f"wcached@{inst}"
+                status, restarts = prop(unit, "ExecMainStatus"), prop(unit, "NRestarts")
+                errors = sh(f"journalctl -u {unit} -t wcached -p err --no-pager -o cat").stdout.strip()
+                everything = sh(f"journalctl -u {unit} --no-pager -o cat").stdout
+                assert status == "78" and restarts == "0", (unit, status, restarts, everything)
+                assert prop(unit, "ActiveState") == "failed", everything
+                assert len(errors.splitlines()) == 1 and expect in errors, (unit, errors, everything)
+                assert "Traceback" not in everything, everything
+                report.append(f"{unit}: exit {status}, NRestarts {restarts}: {errors}")
+        finally:
+            for inst in cases:
+                sh(f"systemctl reset-failed wcached@{inst}")
+                sh(f"rm -rf /etc/systemd/system/wcached@{inst}.service.d /etc/wcache/{inst}.toml")
+            sh("rm -rf /var/lib/wcache/secret /run/wcache/cpu7.lock /run/wcache/ddd*")
+            sh("systemctl daemon-reload")
+        return "\n".join(report)
+
     @check("watchdog_stall_restarts")
     def _():
         os.makedirs("/etc/systemd/system/wcached@cpu3.service.d", exist_ok=True)

@@ -52,6 +52,7 @@ CHECKS = [
     "journal_priorities",
     "cpu1_beside_cpu0",
     "config_error_exit_78_no_restart",
+    "startup_failures_under_unit",
     "watchdog_stall_restarts",
     "restart_restores_and_client_reattaches",
     "vllm_fill_tp1_under_unit",
