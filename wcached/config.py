@@ -127,6 +127,8 @@ class InstanceSettings(msgspec.Struct, frozen=True, kw_only=True):
     max_clients: int
     worker_python: str
     log_level: str
+    # The config file this came from (for errors that name it).
+    source: str = ""
 
     @property
     def socket_path(self) -> str:
@@ -334,4 +336,5 @@ def instance_settings(cfg: Config, instance_id: str, names: tuple[str, ...] = ()
         max_clients=table.max_clients or d.max_clients,
         worker_python=d.worker_python,
         log_level=d.log_level,
+        source=cfg.source,
     )

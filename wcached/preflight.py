@@ -41,7 +41,7 @@ def problems(cfg: Config) -> list[str]:
     if os.path.isdir(d.socket_dir):
         from wcached.daemon.service import check_socket_dir
 
-        check(check_socket_dir, d.socket_dir)
+        check(check_socket_dir, d.socket_dir, cfg.source)
         found += _foreign_files(d.socket_dir)
     elif os.path.exists(d.socket_dir):
         found.append(f"daemon.socket_dir {d.socket_dir} exists and is not a directory")

@@ -58,7 +58,7 @@ def fill_models(
     least every :data:`POLL_S` seconds while the worker works.
     """
     for m in settings.models:
-        check_checkpoint_path(m)
+        check_checkpoint_path(m, settings.source)
     parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     python = settings.worker_python or sys.executable
     env = dict(os.environ, WCACHED_LOG_LEVEL=settings.log_level)
@@ -164,7 +164,7 @@ def _check_stall(model: ModelConfig, idle_s: float) -> None:
     )
 
 
-def check_checkpoint_path(model: ModelConfig) -> None:
+def check_checkpoint_path(model: ModelConfig, source: str = "") -> None:
     """Before a worker starts: a path that is not there yet (a network
     filesystem still mounting) is retried by the unit; one this user may not
     read is a configuration mistake that no retry fixes."""
@@ -182,7 +182,9 @@ def check_checkpoint_path(model: ModelConfig) -> None:
     if st is None or not os.access(model.path, want):
         user = pwd.getpwuid(os.geteuid()).pw_name
         raise ConfigError(
-            None, f"model {model.name!r} path", f"{model.path} cannot be read by user {user!r} (the daemon's)"
+            source or None,
+            f"path of model {model.name!r}",
+            f"{model.path} cannot be read by user {user!r} (the daemon's)",
         )
 
 

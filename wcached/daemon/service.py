@@ -72,7 +72,7 @@ class Service:
         stored = listen_fds()
         wakeup = self._install_signals()
         s = self.settings
-        prepare_socket_dir(s.socket_dir)
+        prepare_socket_dir(s.socket_dir, s.source)
         lock = InstanceLock(s.lock_path, s.instance_id).acquire()
         try:
             if os.path.lexists(s.socket_path):
@@ -262,16 +262,16 @@ def _drain(fd: int) -> None:
         pass
 
 
-def prepare_socket_dir(path: str) -> None:
+def prepare_socket_dir(path: str, source: str = "") -> None:
     """Create the socket directory 0750 if missing; refuse one that another
     user could plant a socket or a lock in (see :func:`check_socket_dir`)."""
     if not os.path.isdir(path):
         os.makedirs(path, mode=0o750, exist_ok=True)
         os.chmod(path, 0o750)
-    check_socket_dir(path)
+    check_socket_dir(path, source)
 
 
-def check_socket_dir(path: str) -> None:
+def check_socket_dir(path: str, source: str = "") -> None:
     """The directory must belong to root or this user, and no one else may
     write to it (a group only if it is this user's group)."""
     st = os.lstat(path)
@@ -289,7 +289,7 @@ def check_socket_dir(path: str) -> None:
         )
     if problem:
         raise ConfigError(
-            None,
+            source or None,
             "daemon.socket_dir",
             f"{path} {problem}: another user could put a socket or lock there; "
             f"fix with: chown root:wcache {path} && chmod 0750 {path}",
