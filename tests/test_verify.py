@@ -68,3 +68,22 @@ def test_served_digest_is_the_fill_digest_for_every_dtype(work: Path, ckpt: Path
                 dtypes.add(info.dtype)
         assert len(dtypes) >= 4, dtypes
         assert served_digest(torch.zeros(0)) != ""
+
+
+@pytest.mark.gpu
+def test_verify_hashes_gpu_memory_and_names_a_rewritten_tensor(work: Path, ckpt: Path) -> None:
+    cfg = tied_model_config(work, ckpt, "4MiB")
+    argv = [sys.executable, "-m", "wcached", "verify", "0", "--config", str(cfg)]
+    with run_daemon(cfg, "0"):
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0 and "default: ok" in r.stdout, r.stdout + r.stderr
+        victim = next(t for t in read_checkpoint(str(ckpt)).tensors if t.nbytes >= 4)
+        with open(victim.file, "r+b") as f:
+            f.seek(victim.data_start)
+            old = f.read(4)
+            f.seek(victim.data_start)
+            f.write(bytes(b ^ 0xFF for b in old))
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert f"{victim.name}: {Path(victim.file).name} on disk differs from what is served" in r.stdout
+        print(r.stdout)

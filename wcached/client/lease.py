@@ -47,8 +47,8 @@ class LeaseWatch:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            if not self._wait_for_end(self.attachment.connection.sock):
-                return
+            if not self._wait_for_end(self.attachment.connection.sock) or self._stop.is_set():
+                return  # stopped: the attachment was closed, not the daemon
             name = self.attachment.manifest.model
             path = self.attachment.connection.path
             log.warning("wcached: the daemon at %s ended the lease on %s; attaching again", path, name)
@@ -75,9 +75,9 @@ class LeaseWatch:
             except BlockingIOError:
                 continue
             except OSError:
-                return True
+                return not self._stop.is_set()
             if not data:
-                return True
+                return not self._stop.is_set()
             # The daemon never speaks first; whatever this is, it is not ours to read.
             self._stop.wait(POLL_S)
         return False
