@@ -3,6 +3,7 @@ from __future__ import annotations
 import fcntl
 import mmap
 import os
+from pathlib import Path
 
 import pytest
 
@@ -77,6 +78,17 @@ def test_map_segments_gives_read_only_bytes() -> None:
     os.close(fd)  # the mapping holds the memory now
     (t,) = mapped.tensors
     assert t.dtype == torch.uint8 and t[:3].tolist() == [1, 2, 3]
+    # The mapping itself is read-only (a write would fault, see the daemon
+    # tests): its permissions in /proc/self/maps have no "w".
+    addr = t.data_ptr()
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+        if lo <= addr < hi:
+            perms = line.split()[1]
+            assert perms.startswith("r") and "w" not in perms, line
+            break
+    else:
+        raise AssertionError("mapping not found in /proc/self/maps")
     mapped.close()
     assert t[:3].tolist() == [1, 2, 3]
 
