@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 # The CPU build; on these machines pip takes it from a local wheel.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: run test test-gpu lint format bench bench-gpu bench-vllm clean venv deb vllm-venv
+.PHONY: run test mutate test-gpu lint format bench bench-gpu bench-vllm clean venv deb vllm-venv
 
 venv: $(VENV)/.installed
 
@@ -53,6 +53,10 @@ run: venv
 
 test: venv
 	$(PY) -m pytest -q
+
+# Each safety line broken in turn (tests/mutations/table.py): its tests must fail.
+mutate: venv
+	$(PY) -m tests.mutations.run
 
 test-gpu: venv
 	$(PY) -m pytest -q -m gpu

@@ -335,8 +335,11 @@ def open_tmpdir() -> Path:
     return path
 
 
-def run_as(user: str, argv: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
-    """Run ``argv`` as ``user`` (primary group only), from ``/``."""
+def run_as(
+    user: str, argv: list[str], timeout: float = 120, extra_groups: list[int] | None = None
+) -> subprocess.CompletedProcess:
+    """Run ``argv`` as ``user`` from ``/``: its primary group, plus
+    ``extra_groups`` as supplementary groups (none by default)."""
     import pwd
 
     pw = pwd.getpwnam(user)
@@ -348,7 +351,7 @@ def run_as(user: str, argv: list[str], timeout: float = 120) -> subprocess.Compl
         argv,
         user=pw.pw_uid,
         group=pw.pw_gid,
-        extra_groups=[],
+        extra_groups=list(extra_groups or []),
         env=env,
         capture_output=True,
         text=True,

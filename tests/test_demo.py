@@ -8,12 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+import torch
 
 from tests.helpers import NotifyListener
 from wcached.demo import LLAMA_TINY, generate_llama, llama_shapes
-
-torch = pytest.importorskip("torch")
 
 
 def test_generated_llama_is_deterministic_and_loadable(tmp_path: Path) -> None:

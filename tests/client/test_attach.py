@@ -8,8 +8,6 @@ from tests.helpers import run_daemon
 from wcached.client import DaemonUnavailable, KeyMismatch, attach
 from wcached.loaders.safetensors import checkpoint_fingerprint
 
-torch = pytest.importorskip("torch")
-
 
 def test_expected_key_matches_and_mismatch_names_fields(cpu_config: Path, sharded_ckpt: Path) -> None:
     fp = checkpoint_fingerprint(str(sharded_ckpt))

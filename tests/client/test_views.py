@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from wcached.errors import ProtocolError
 from wcached.keys import CacheKey
 from wcached.protocol.messages import Manifest, SegmentInfo, TensorInfo
-
-torch = pytest.importorskip("torch")
 
 KEY = CacheKey(model="m", loader="safetensors", fingerprint="f", dtype="auto")
 

@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import other_users_can_run_python, run_as, run_daemon, write_config
+from tests.helpers import require_other_users, run_as, run_daemon, write_config
 
-pytestmark = pytest.mark.skipif(
-    not other_users_can_run_python(),
-    reason="needs root, an interpreter outside /root and the users nobody and daemon",
-)
+
+@pytest.fixture(autouse=True)
+def _other_users() -> None:
+    require_other_users()
+
 
 CLIENT = textwrap.dedent(
     """
@@ -30,8 +31,8 @@ CLIENT = textwrap.dedent(
 )
 
 
-def _run_as(user: str, socket_dir: str) -> str:
-    r = run_as(user, [sys.executable, "-c", CLIENT, socket_dir])
+def _run_as(user: str, socket_dir: str, extra_groups: list[int] | None = None) -> str:
+    r = run_as(user, [sys.executable, "-c", CLIENT, socket_dir], extra_groups=extra_groups)
     assert r.returncode == 0, r.stderr
     return r.stdout
 
@@ -52,6 +53,25 @@ def test_allowed_group_attaches_and_others_are_refused(work: Path, sharded_ckpt:
         assert out.startswith("refused:") and f"uid {pwd.getpwnam('daemon').pw_uid}" in out
         assert "not allowed" in d.log()
         assert d.proc.poll() is None
+
+
+def test_peer_allowed_only_through_a_supplementary_group(work: Path, sharded_ckpt: Path) -> None:
+    """nobody's primary group is not allowed; the group "daemon" is, and
+    nobody attaches only while it holds that group as a supplementary one."""
+    import grp
+
+    allowed = grp.getgrnam("daemon").gr_gid
+    assert pwd.getpwnam("nobody").pw_gid != allowed
+    cfg = write_config(
+        work / "wcached.toml",
+        models=[{"name": "default", "path": str(sharded_ckpt)}],
+        daemon={"socket_dir": str(work / "run"), "allowed_groups": ["daemon"]},
+    )
+    with run_daemon(cfg) as d:
+        os.chmod(d.socket_dir, 0o755)
+        os.chmod(d.socket_path, 0o666)
+        assert _run_as("nobody", d.socket_dir).startswith("refused:")
+        assert _run_as("nobody", d.socket_dir, extra_groups=[allowed]).startswith("attached")
 
 
 def test_allowed_user_attaches(work: Path, sharded_ckpt: Path) -> None:

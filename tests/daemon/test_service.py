@@ -16,6 +16,7 @@ import threading
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.helpers import (
     as_bytes,
@@ -29,8 +30,6 @@ from tests.helpers import (
 )
 from wcached.client import attach
 from wcached.errors import EX_CONFIG, EX_DATAERR, EX_TEMPFAIL, EX_UNAVAILABLE, DaemonUnavailable
-
-torch = pytest.importorskip("torch")
 
 
 def test_every_tensor_bit_exact_with_load_file(cpu_config: Path, sharded_ckpt: Path) -> None:

@@ -7,6 +7,7 @@ import struct
 from pathlib import Path
 
 import pytest
+import torch
 import xxhash
 
 from tests.helpers import as_bytes, load_reference, multi_dtype_tensors, write_sharded
@@ -14,8 +15,6 @@ from wcached.config import ModelConfig
 from wcached.errors import FillError
 from wcached.loaders.safetensors import SafetensorsLoader, checkpoint_fingerprint, read_checkpoint
 from wcached.memory.host import HostBackend
-
-torch = pytest.importorskip("torch")
 
 
 def _raw_file(path: Path, header: dict, data: bytes) -> Path:

@@ -70,7 +70,8 @@ def test_write_from_file_hashes_and_reports_short_reads(tmp_path) -> None:
 
 
 def test_map_segments_gives_read_only_bytes() -> None:
-    torch = pytest.importorskip("torch")
+    import torch
+
     fd = _filled(b"\x01\x02\x03")
     mapped = HostBackend().map_segments(
         [fd], [SegmentInfo(index=0, nbytes=4096, backend="host", device="cpu0")]

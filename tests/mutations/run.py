@@ -1,0 +1,82 @@
+"""``make mutate``: apply each mutation of tests/mutations/table.py to a copy of
+the tree, run the tests meant to catch it, and fail listing the survivors.
+
+    python -m tests.mutations.run [-k SUBSTRING]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tests.mutations.table import MUTATIONS, Mutation
+
+REPO = Path(__file__).resolve().parents[2]
+# What the tests need of the tree (no build outputs, no virtualenvs).
+COPIED = ("wcached", "tests", "etc", "pyproject.toml")
+
+
+def _copy_tree(dest: Path) -> None:
+    for name in COPIED:
+        src = REPO / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(src, dest / name)
+
+
+def run_one(m: Mutation, timeout: float = 300) -> tuple[bool, float, str]:
+    """(caught, seconds, tail of the output)."""
+    with tempfile.TemporaryDirectory(prefix="wcached-mutant-") as tmp:
+        root = Path(tmp)
+        os.chmod(root, 0o755)  # tests run clients as other users from this copy
+        _copy_tree(root)
+        target = root / m.file
+        text = target.read_text()
+        for old, new in ((m.old, m.new), *m.more):
+            if text.count(old) != 1:
+                return False, 0.0, f"the line to mutate occurs {text.count(old)} times in {m.file}: {old!r}"
+            text = text.replace(old, new)
+        target.write_text(text)
+        env = dict(os.environ, PYTHONPATH=str(root), PYTHONDONTWRITEBYTECODE="1")
+        started = time.monotonic()
+        try:
+            r = subprocess.run(
+                [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *m.tests],
+                cwd=root,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+            )
+            caught, out = r.returncode not in (0, 5), r.stdout + r.stderr
+        except subprocess.TimeoutExpired:
+            caught, out = True, "timed out (counted as caught: the mutant hangs its tests)"
+        return caught, time.monotonic() - started, out[-1500:]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("-k", default="", help="only mutations whose name contains this")
+    args = p.parse_args()
+    chosen = [m for m in MUTATIONS if args.k in m.name]
+    survivors = []
+    for m in chosen:
+        caught, seconds, out = run_one(m)
+        print(f"{'caught  ' if caught else 'SURVIVED'} {seconds:5.1f} s  {m.name}", flush=True)
+        if not caught:
+            survivors.append((m, out))
+    print(f"{len(chosen) - len(survivors)} of {len(chosen)} mutations caught")
+    for m, out in survivors:
+        print(f"\n--- survived: {m.name} ({m.file}); tests: {', '.join(m.tests)}\n{out}")
+    return 1 if survivors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

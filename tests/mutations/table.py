@@ -1,0 +1,179 @@
+"""Mutations of the daemon's safety lines, each with the tests that must catch it.
+
+Every entry breaks one line the README's guarantees rest on; ``make mutate``
+(tests/mutations/run.py) applies each to a copy of the tree, runs only its
+tests there, and fails listing every mutation those tests let survive.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    file: str
+    old: str  # must occur exactly once in the file
+    new: str
+    tests: tuple[str, ...]  # pytest node ids or paths, run in the mutated copy
+    # Further (old, new) replacements in the same file, for a line that moves.
+    more: tuple[tuple[str, str], ...] = ()
+
+
+MUTATIONS: tuple[Mutation, ...] = (
+    Mutation(
+        "frame deadline becomes a per-recv timeout",
+        "wcached/protocol/wire.py",
+        "            self.sock.settimeout(deadline.remaining())\n            try:\n"
+        "                k = self.sock.recv_into",
+        "            self.sock.settimeout(None if deadline.at is None else 1.0)\n            try:\n"
+        "                k = self.sock.recv_into",
+        ("tests/daemon/test_fuzz.py::test_silent_and_dripping_connections_are_dropped_by_the_daemon",),
+    ),
+    Mutation(
+        "no hello deadline",
+        "wcached/daemon/server.py",
+        "hello = chan.recv(MAX_REQUEST_BYTES, idle_timeout=timeout, frame_timeout=timeout)",
+        "hello = chan.recv(MAX_REQUEST_BYTES, idle_timeout=None, frame_timeout=None)",
+        (
+            "tests/daemon/test_fuzz.py::test_silent_and_dripping_connections_are_dropped_by_the_daemon",
+            "tests/daemon/test_service.py::test_concurrent_good_client_unaffected_by_bad_ones",
+        ),
+    ),
+    Mutation(
+        "READY before bind",
+        "wcached/daemon/service.py",
+        "            self.server.bind()\n",
+        "            self.notifier.ready(self._status_line())\n            self.server.bind()\n",
+        ("tests/daemon/test_guarantees.py::test_ready_is_sent_only_after_the_socket_accepts",),
+        more=(
+            (
+                "            self.notifier.ready(self._status_line())\n            self._loop",
+                "            self._loop",
+            ),
+        ),
+    ),
+    Mutation(
+        "client does not check seals",
+        "wcached/memory/host.py",
+        "            check_sealed(fd, info.nbytes)\n",
+        "",
+        ("tests/daemon/test_guarantees.py::test_client_refuses_an_unsealed_memfd_from_a_fake_daemon",),
+    ),
+    Mutation(
+        "supplementary groups ignored",
+        "wcached/daemon/peers.py",
+        "return peer.gid in self.gids or bool(peer.groups & self.gids)",
+        "return peer.gid in self.gids",
+        ("tests/daemon/test_peers.py::test_peer_allowed_only_through_a_supplementary_group",),
+    ),
+    Mutation(
+        "extra. key fields off by one",
+        "wcached/keys.py",
+        "            have: Any = held.extra.get(name[6:])",
+        "            have: Any = held.extra.get(name[5:])",
+        ("tests/daemon/test_guarantees.py::test_extra_key_fields_are_matched_by_their_exact_names",),
+    ),
+    Mutation(
+        "unknown key field guard loosened",
+        "wcached/keys.py",
+        'not (k.startswith("extra.") and len(k) > 6)',
+        'not k.startswith("extra")',
+        ("tests/daemon/test_guarantees.py::test_extra_key_fields_are_matched_by_their_exact_names",),
+    ),
+    Mutation(
+        "malformed frame after hello ends the connection",
+        "wcached/daemon/server.py",
+        "                    chan.send(ErrorReply(code=e.code, message=str(e)), timeout=timeout)\n"
+        "                    continue",
+        "                    raise",
+        (
+            "tests/daemon/test_guarantees.py::test_malformed_frame_after_hello_gets_an_error_and_the_connection_goes_on",
+        ),
+    ),
+    Mutation(
+        "request limit raised to 1 MiB",
+        "wcached/protocol/wire.py",
+        "MAX_REQUEST_BYTES = 64 * 1024",
+        "MAX_REQUEST_BYTES = 1024 * 1024",
+        (
+            "tests/daemon/test_guarantees.py::test_request_of_exactly_the_limit_is_read_one_byte_more_is_refused",
+        ),
+    ),
+    Mutation(
+        "no max_clients cap",
+        "wcached/daemon/server.py",
+        "full = self._threads >= self.settings.max_clients",
+        "full = False",
+        ("tests/daemon/test_load.py::test_max_clients_plus_one_is_busy_then_served_once_one_leaves",),
+    ),
+    Mutation(
+        "accepts spin when out of fds",
+        "wcached/daemon/server.py",
+        "                    self._starved = True\n                    return False",
+        "                    self._starved = True\n                    return True",
+        ("tests/daemon/test_load.py::test_out_of_fds_pauses_accepting_instead_of_spinning",),
+    ),
+    Mutation(
+        "socket directory anyone can write is accepted",
+        "wcached/daemon/service.py",
+        "    if problem:\n        raise ConfigError(",
+        "    if False:\n        raise ConfigError(",
+        ("tests/daemon/test_service.py::test_socket_dir_others_could_write_is_refused",),
+    ),
+    Mutation(
+        "client trusts any daemon user",
+        "wcached/client/connection.py",
+        "    if uid not in trusted_daemon_uids(users):",
+        "    if False:",
+        ("tests/client/test_connection.py::test_socket_served_by_an_untrusted_user_is_refused",),
+    ),
+    Mutation(
+        "restore ignores checkpoint stamps",
+        "wcached/daemon/restore.py",
+        "    _compare_stamps(record.checkpoint, checkpoint_stamps(model.path), model.path)\n",
+        "",
+        (
+            "tests/daemon/test_restore.py::test_modified_checkpoint_is_refilled_naming_the_file",
+            "tests/daemon/test_restore.py::test_replaced_checkpoint_file_is_refilled",
+        ),
+    ),
+    Mutation(
+        "restore ignores changed settings",
+        "wcached/daemon/restore.py",
+        "    if changed:\n        raise NotRestorable",
+        "    if False:\n        raise NotRestorable",
+        ("tests/daemon/test_restore.py::test_changed_model_settings_are_refilled_naming_them",),
+    ),
+    Mutation(
+        "nothing restored from the store",
+        "wcached/daemon/service.py",
+        "        stored = listen_fds()\n",
+        "        stored = listen_fds() and {}\n",
+        ("tests/daemon/test_restore.py::test_restart_restores_without_reading_the_checkpoint",),
+    ),
+    Mutation(
+        "leases are not taken up again after a restart",
+        "wcached/client/attach.py",
+        "            attachment.watch = LeaseWatch(attachment, dict(expect or {}), client)",
+        "            pass",
+        ("tests/daemon/test_restore.py::test_restart_restores_without_reading_the_checkpoint",),
+    ),
+    Mutation(
+        "fingerprint blind to rewrites",
+        "wcached/loaders/safetensors.py",
+        'h.update(struct.pack("<QQQQQ", len(name), cf.size, cf.ino, cf.mtime_ns, len(cf.header)))',
+        'h.update(struct.pack("<QQQQQ", len(name), cf.size, 0, 0, len(cf.header)))',
+        (
+            "tests/loaders/test_safetensors.py::test_header_fingerprint_sees_rewrites_content_fingerprint_sees_bytes",
+        ),
+    ),
+    Mutation(
+        "verify does not compare the checkpoint",
+        "wcached/verify.py",
+        "            if digest != info.digest:",
+        "            if False:",
+        ("tests/test_verify.py::test_verify_passes_then_names_a_tensor_rewritten_in_place",),
+    ),
+)
