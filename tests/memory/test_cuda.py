@@ -86,25 +86,31 @@ def test_write_faults_in_writer_only_and_cache_stays_intact(gpu_config: Path) ->
         )
         assert "before" in r.stdout, r.stderr
         assert "write went through" not in r.stdout, r.stdout
-        assert "faulted" in r.stdout or r.returncode != 0, (r.stdout, r.stderr)
+        # The fault the read-only mapping causes, not just any error.
+        said = (r.stdout + r.stderr).lower()
+        assert "illegal" in said or "invalid address" in said, (r.stdout, r.stderr)
         with attach("default", "0", socket_dir=d.socket_dir) as a:
             assert not torch.any(a.tensors["layer.0.fp32"] == 42.0)
         assert d.proc.poll() is None
 
 
-def test_attached_engine_keeps_reading_after_daemon_sigkill(gpu_config: Path) -> None:
+def test_attached_engine_keeps_reading_after_daemon_sigkill(gpu_config: Path, sharded_ckpt: Path) -> None:
     import torch
+    from safetensors.torch import load_file
 
     from wcached.client import attach
 
+    reference = {}
+    for f in sorted(sharded_ckpt.glob("*.safetensors")):
+        reference.update(load_file(str(f), device="cuda"))
     with run_daemon(gpu_config, "0") as d:
-        a = attach("default", "0", socket_dir=d.socket_dir)
-        before = a.tensors["embed.weight"].float().sum().item()
+        a = attach("default", "0", socket_dir=d.socket_dir, keep_lease=False)
         d.proc.send_signal(signal.SIGKILL)
         d.proc.wait()
         torch.cuda.synchronize()
-        assert a.tensors["embed.weight"].float().sum().item() == before
-        assert torch.equal(a.tensors["lm_head.weight"], a.tensors["embed.weight"])
+        # Every tensor still holds the checkpoint's bytes with no daemon left.
+        for name, ref in reference.items():
+            assert torch.equal(as_bytes(a.tensors[name]), as_bytes(ref)), name
         a.close()
 
 
