@@ -33,7 +33,7 @@ from common import write_result
 from vllm_gpu_load import gpu_name
 
 from tests.helpers import run_daemon
-from tests.integrations.test_vllm_gpu import _config, engine
+from tests.integrations.test_vllm_gpu import _config, engine, weights_share
 from wcached.demo import LLAMA_TINY, llama_shapes
 
 # Llama 3 70B's shapes; only the number of layers varies.
@@ -114,16 +114,7 @@ def main() -> None:
             peak = re.search(r"peak device memory ([0-9.]+) GiB \(([0-9.]+)x the model\)", log)
             if not peak:
                 raise SystemExit(log[-4000:])
-            status = json.loads(
-                subprocess.run(
-                    [sys.executable, "-m", "wcached", "status", "--config", str(daemon_cfg), "--json"],
-                    capture_output=True,
-                    text=True,
-                    check=True,
-                ).stdout
-            )[0]
-            held = status["models"][0]["bytes"]
-            share = held / status["device_memory_bytes"]
+            held, share = weights_share(daemon_cfg)
             print(f"daemon READY after {ready_s:.1f} s; {peak.group(0)}; holds {share:.1%}", flush=True)
             from vllm.model_executor.model_loader.base_loader import BaseModelLoader
 

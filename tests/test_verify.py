@@ -19,6 +19,17 @@ def _verify(cfg: Path, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run(argv, capture_output=True, text=True, timeout=120)
 
 
+def _rewrite_one_tensor(ckpt: Path):
+    """One tensor's first bytes inverted in place: same header, same size."""
+    victim = next(t for t in read_checkpoint(str(ckpt)).tensors if t.nbytes >= 4)
+    with open(victim.file, "r+b") as f:
+        f.seek(victim.data_start)
+        old = f.read(4)
+        f.seek(victim.data_start)
+        f.write(bytes(b ^ 0xFF for b in old))
+    return victim
+
+
 @pytest.fixture
 def ckpt(work: Path, sharded_ckpt: Path) -> Path:
     return Path(shutil.copytree(sharded_ckpt, work / "ckpt"))
@@ -32,13 +43,7 @@ def test_verify_passes_then_names_a_tensor_rewritten_in_place(work: Path, ckpt: 
         assert "default: ok" in r.stdout
         checked = int(r.stdout.split("(")[1].split()[0])
         assert checked > 10
-        # One tensor's bytes rewritten in place: same header, same size.
-        victim = next(t for t in read_checkpoint(str(ckpt)).tensors if t.nbytes >= 4)
-        with open(victim.file, "r+b") as f:
-            f.seek(victim.data_start)
-            old = f.read(4)
-            f.seek(victim.data_start)
-            f.write(bytes(b ^ 0xFF for b in old))
+        victim = _rewrite_one_tensor(ckpt)
         r = _verify(cfg, "--model", "default")
         assert r.returncode == 1, r.stdout + r.stderr
         assert "default: DIFFERS" in r.stdout
@@ -77,12 +82,7 @@ def test_verify_hashes_gpu_memory_and_names_a_rewritten_tensor(work: Path, ckpt:
     with run_daemon(cfg, "0"):
         r = subprocess.run(argv, capture_output=True, text=True, timeout=120)
         assert r.returncode == 0 and "default: ok" in r.stdout, r.stdout + r.stderr
-        victim = next(t for t in read_checkpoint(str(ckpt)).tensors if t.nbytes >= 4)
-        with open(victim.file, "r+b") as f:
-            f.seek(victim.data_start)
-            old = f.read(4)
-            f.seek(victim.data_start)
-            f.write(bytes(b ^ 0xFF for b in old))
+        victim = _rewrite_one_tensor(ckpt)
         r = subprocess.run(argv, capture_output=True, text=True, timeout=120)
         assert r.returncode == 1, r.stdout + r.stderr
         assert f"{victim.name}: {Path(victim.file).name} on disk differs from what is served" in r.stdout

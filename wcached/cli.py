@@ -123,12 +123,9 @@ def _check_config(args: argparse.Namespace) -> int:
 
 
 def _me() -> str:
-    import pwd
+    from wcached.daemon.lock import user_name
 
-    try:
-        return pwd.getpwuid(os.geteuid()).pw_name
-    except KeyError:
-        return str(os.geteuid())
+    return user_name(os.geteuid())
 
 
 def _socket_dir(args: argparse.Namespace) -> str:

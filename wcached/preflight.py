@@ -15,6 +15,7 @@ import pwd
 import stat
 
 from wcached.config import Config, check_socket_path, instance_settings
+from wcached.daemon.lock import left_by_another_user, user_name
 from wcached.errors import ConfigError, WcacheError
 
 
@@ -65,18 +66,14 @@ def _foreign_files(socket_dir: str) -> list[str]:
         if stat.S_ISLNK(st.st_mode):
             out.append(f"{path} is a symlink; fix with: rm {path}")
         elif me != 0 and st.st_uid != me:
-            owner = _user(st.st_uid)
-            out.append(
-                f"{path} belongs to user {owner}, not to {_user(me)} (left by a daemon run as {owner}?); "
-                f"if no daemon runs there, fix with: rm {path}"
-            )
+            out.append(left_by_another_user(path, st.st_uid, f"instance {name.rsplit('.', 1)[0]}"))
     return out
 
 
 def _unreadable(path: str, what: str, loader: str) -> list[str]:
     if loader == "vllm" and not os.path.isabs(path):
         return []  # a hub id
-    me = _user(os.geteuid())
+    me = user_name(os.geteuid())
     if not os.path.exists(path):
         return [f"{what}: {path} does not exist (the daemon would wait for it: exit 69)"]
     if os.path.isdir(path):
@@ -93,13 +90,6 @@ def _unreadable(path: str, what: str, loader: str) -> list[str]:
     if not os.access(path, os.R_OK):
         return [f"{what}: user {me} cannot read {path}"]
     return []
-
-
-def _user(uid: int) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
 
 
 def as_user(user: str) -> tuple[int, int, list[int]]:

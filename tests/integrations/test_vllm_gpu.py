@@ -97,6 +97,20 @@ def _fill_peak(log: str) -> tuple[float, float]:
     return float(m.group(1)), float(m.group(2))
 
 
+def weights_share(cfg: Path) -> tuple[int, float]:
+    """Bytes the daemon of ``cfg`` holds and their share of its GPU, as
+    `wcached status --json` reports them."""
+    out = subprocess.run(
+        [sys.executable, "-m", "wcached", "status", "--config", str(cfg), "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    status = json.loads(out)[0]
+    held = status["models"][0]["bytes"]
+    return held, held / status["device_memory_bytes"]
+
+
 def _no_cuda_in(pid: int) -> None:
     maps = Path(f"/proc/{pid}/maps").read_text()
     assert "libcuda" not in maps and "libtorch" not in maps
@@ -115,15 +129,7 @@ def test_wcache_engine_on_gpu_matches_disk(work: Path, model_dir: Path, quantiza
     with run_daemon(cfg, "0", timeout=600) as d:
         _no_cuda_in(d.proc.pid)
         peak_gib, peak_ratio = _fill_peak(d.log())
-        status = json.loads(
-            subprocess.run(
-                [sys.executable, "-m", "wcached", "status", "--config", str(cfg), "--json"],
-                capture_output=True,
-                text=True,
-            ).stdout
-        )[0]
-        held = status["models"][0]["bytes"]
-        share = held / status["device_memory_bytes"]
+        held, share = weights_share(cfg)
         extra = {"socket_dir": d.socket_dir, "fallback": False}
         # With a vLLM that cannot count external weights, the setting the
         # engine's log and `wcached status` advise.

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import pwd
 import socket
 import stat
 import subprocess
@@ -15,6 +14,7 @@ from collections.abc import Callable
 import msgspec
 
 from wcached.config import InstanceSettings, ModelConfig
+from wcached.daemon.lock import user_name
 from wcached.daemon.state import HeldModel
 from wcached.device import Device
 from wcached.errors import (
@@ -180,7 +180,7 @@ def check_checkpoint_path(model: ModelConfig, source: str = "") -> None:
         st = None
     want = os.R_OK | (os.X_OK if st is not None and stat.S_ISDIR(st.st_mode) else 0)
     if st is None or not os.access(model.path, want):
-        user = pwd.getpwuid(os.geteuid()).pw_name
+        user = user_name(os.geteuid())
         raise ConfigError(
             source or None,
             f"path of model {model.name!r}",

@@ -47,16 +47,14 @@ class InstanceLock:
     def _foreign(self) -> str:
         """A lock file this user may not open: left by a daemon run as
         another user (a manual ``wcached serve`` as root, say)."""
-        me = pwd.getpwuid(os.geteuid()).pw_name
         try:
             st = os.stat(self.path)
-            owner = _user(st.st_uid)
         except OSError:
-            return f"cannot open lock {self.path} as user {me}; check the socket directory's owner"
-        return (
-            f"lock {self.path} belongs to user {owner}, not to {me} (left by a daemon run as {owner}?); "
-            f"if no daemon of instance {self.instance_id} runs, fix it with: rm {self.path}"
-        )
+            return (
+                f"cannot open lock {self.path} as user {user_name(os.geteuid())}; "
+                "check the socket directory's owner"
+            )
+        return "lock " + left_by_another_user(self.path, st.st_uid, f"instance {self.instance_id}")
 
     def release(self) -> None:
         if self.fd is not None:
@@ -64,8 +62,18 @@ class InstanceLock:
             self.fd = None
 
 
-def _user(uid: int) -> str:
+def user_name(uid: int) -> str:
     try:
         return pwd.getpwuid(uid).pw_name
     except KeyError:
         return str(uid)
+
+
+def left_by_another_user(path: str, owner_uid: int, holder: str = "a daemon") -> str:
+    """What to tell about a lock or socket of another user: whose it is and
+    the command that clears it."""
+    owner = user_name(owner_uid)
+    return (
+        f"{path} belongs to user {owner}, not to {user_name(os.geteuid())} (left by a daemon run as "
+        f"{owner}?); if no daemon of {holder} runs, fix it with: rm {path}"
+    )

@@ -8,6 +8,7 @@ modification time). All of it is found without reading a checkpoint byte.
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 from collections.abc import Sequence
@@ -78,8 +79,12 @@ def loader_environment(model: ModelConfig, python: str) -> str:
     """What outside the config decides a loader's output: for vLLM its release
     (part of the cache key), read from the worker's interpreter without
     importing vLLM."""
-    if model.loader != "vllm":
-        return ""
+    return _vllm_release(python) if model.loader == "vllm" else ""
+
+
+@functools.cache
+def _vllm_release(python: str) -> str:
+    """Asked once per interpreter: every vLLM model of the instance shares it."""
     try:
         r = subprocess.run([python, "-c", _VLLM_VERSION], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as e:
