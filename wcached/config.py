@@ -17,27 +17,14 @@ from typing import Literal
 import msgspec
 
 from wcached.errors import ConfigError
+from wcached.loaders.base import DEFAULT_LOADER, ModelConfig, loader_names, options_for, parse_size
+
+__all__ = ["Config", "ConfigError", "InstanceSettings", "ModelConfig", "load_config", "parse_size"]
 
 DEFAULT_CONFIG_PATH = "/etc/wcache/wcached.toml"
 MAX_SOCKET_PATH = 107
 LONGEST_SOCKET_NAME = "GPU-00000000-0000-0000-0000-000000000000.sock"
 CONFIG_ENV = "WCACHED_CONFIG"
-
-_SIZE_RE = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB|TiB|KB|MB|GB|TB)?\s*$")
-_SIZE_UNITS = {
-    None: 1,
-    "B": 1,
-    "KiB": 1 << 10,
-    "MiB": 1 << 20,
-    "GiB": 1 << 30,
-    "TiB": 1 << 40,
-    "KB": 10**3,
-    "MB": 10**6,
-    "GB": 10**9,
-    "TB": 10**12,
-}
-
-CastDtype = Literal["auto", "float16", "bfloat16", "float32"]
 
 
 class _Table(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -58,47 +45,6 @@ class DaemonConfig(_Table):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
 
-class ModelConfig(_Table):
-    name: str
-    path: str
-    loader: str = "safetensors"
-    # "auto" keeps the checkpoint's dtypes; a float dtype casts floating tensors.
-    dtype: CastDtype = "auto"
-    alignment: int = 256
-    segment_size: int | str = "4GiB"
-    # "header": names, sizes and safetensors headers; "content": hash every byte.
-    fingerprint: Literal["header", "content"] = "header"
-    digest: bool = True
-    # Threads reading the checkpoint; "auto" = one per core, at most 16.
-    read_threads: int | Literal["auto"] = "auto"
-    # Tied weights the checkpoint stores once: alias name -> stored tensor name.
-    aliases: dict[str, str] = {}
-    # loader = "vllm": the parallel layout the engines run with; each instance
-    # serving the model is one rank (cpuN -> N unless `ranks` says otherwise),
-    # and all of them meet at `rendezvous` (tcp://host:port) while filling.
-    tensor_parallel_size: int = 1
-    pipeline_parallel_size: int = 1
-    rendezvous: str = ""
-    ranks: dict[str, int] = {}
-    # A fill that makes no progress for this long fails (exit 75, retried by
-    # the unit), naming why: a tensor-parallel rank that never joined, a
-    # checkpoint on a hung network filesystem.
-    fill_timeout_s: float = 900.0
-    # Further vLLM EngineArgs that change weights (quantization, revision,
-    # max_model_len, trust_remote_code, ...).
-    engine_args: dict[str, str | int | float | bool] = {}
-
-    @property
-    def segment_bytes(self) -> int:
-        return parse_size(self.segment_size, "segment_size")
-
-    @property
-    def reader_count(self) -> int:
-        if self.read_threads == "auto":
-            return max(1, min(16, os.cpu_count() or 1))
-        return self.read_threads
-
-
 class InstanceConfig(_Table):
     models: list[str] | None = None
     allowed_users: list[str] | None = None
@@ -109,6 +55,8 @@ class InstanceConfig(_Table):
 
 class Config(_Table):
     daemon: DaemonConfig = DaemonConfig()
+    # Each [[model]] table, as its loader's options struct (tagged by
+    # `loader`); parsed one by one, see _parse_models.
     model: list[ModelConfig] = []
     instance: dict[str, InstanceConfig] = {}
     # Where it was read from; not a TOML key.
@@ -139,21 +87,6 @@ class InstanceSettings(msgspec.Struct, frozen=True, kw_only=True):
         return os.path.join(self.socket_dir, f"{self.instance_id}.lock")
 
 
-def parse_size(value: int | str, key: str, path: str | None = None) -> int:
-    """``4294967296`` or ``"4GiB"`` -> bytes."""
-    if isinstance(value, int):
-        if value <= 0:
-            raise ConfigError(path, key, f"must be a positive size, got {value}")
-        return value
-    m = _SIZE_RE.match(value)
-    if not m:
-        raise ConfigError(path, key, f"not a size: {value!r} (write e.g. 4GiB or 512MiB)")
-    size = int(m.group(1)) * _SIZE_UNITS[m.group(2)]
-    if size <= 0:
-        raise ConfigError(path, key, f"must be a positive size, got {value!r}")
-    return size
-
-
 def default_config_path() -> str:
     return os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG_PATH
 
@@ -177,6 +110,8 @@ def parse_config(raw: dict, path: str) -> Config:
     """Validate an already-parsed TOML document."""
     if "source" in raw:
         raise ConfigError(path, "source", "unknown key")
+    raw = dict(raw)
+    models = _parse_models(raw.pop("model", []), path)
     try:
         cfg = msgspec.convert(raw, Config)
     except msgspec.ValidationError as e:
@@ -185,7 +120,10 @@ def parse_config(raw: dict, path: str) -> Config:
             key = _instance_key(raw.get("instance", {}), key)
         raise ConfigError(path, key, problem) from None
     base = Path(path).resolve().parent
-    models = [msgspec.structs.replace(m, path=str((base / m.path).resolve())) for m in cfg.model]
+    models = [
+        m if _is_hub_id(m, base) else msgspec.structs.replace(m, path=str((base / m.path).resolve()))
+        for m in models
+    ]
     daemon = cfg.daemon
     if daemon.socket_dir and not os.path.isabs(daemon.socket_dir):
         daemon = msgspec.structs.replace(daemon, socket_dir=str((base / daemon.socket_dir).resolve()))
@@ -194,7 +132,50 @@ def parse_config(raw: dict, path: str) -> Config:
     return cfg
 
 
-def _split_validation_error(message: str) -> tuple[str | None, str]:
+def _parse_models(tables: object, path: str) -> list[ModelConfig]:
+    """Each ``[[model]]`` table as the options struct of its ``loader``."""
+    if not isinstance(tables, list):
+        raise ConfigError(path, "model", "must be an array of tables ([[model]])")
+    models = []
+    for i, table in enumerate(tables):
+        key = f"model[{i}]"
+        if not isinstance(table, dict):
+            raise ConfigError(path, key, "must be a table")
+        loader = table.get("loader", DEFAULT_LOADER)
+        if not isinstance(loader, str) or loader not in loader_names():
+            known = ", ".join(sorted(loader_names()))
+            raise ConfigError(path, f"{key}.loader", f"unknown loader {loader!r} (known: {known})")
+        options = options_for(loader)
+        try:
+            models.append(msgspec.convert({**table, "loader": loader}, options))
+        except msgspec.ValidationError as e:
+            sub, problem = _split_validation_error(str(e), options)
+            if problem == "unknown key" and sub:
+                problem = _unknown_model_key(sub, loader)
+            raise ConfigError(path, f"{key}.{sub}" if sub else key, problem) from None
+    return models
+
+
+def _unknown_model_key(field: str, loader: str) -> str:
+    owners = [n for n in sorted(loader_names()) if n != loader and field in options_for(n).__struct_fields__]
+    problem = f'unknown key for loader = "{loader}"'
+    if owners:
+        problem += f"; it is a key of {' and '.join(f'loader = {n!r}' for n in owners)}"
+    return problem.replace("'", '"')
+
+
+def _is_hub_id(model: ModelConfig, base: Path) -> bool:
+    """``org/name`` that is no path beside the config, for a loader that
+    resolves hub ids (vLLM); anything else is a path."""
+    return (
+        model.accepts_remote_path
+        and re.fullmatch(r"[\w.-]+/[\w.-]+", model.path) is not None
+        and not model.path.startswith(".")
+        and not (base / model.path).exists()
+    )
+
+
+def _split_validation_error(message: str, table: type | None = None) -> tuple[str | None, str]:
     # msgspec: "Expected `int`, got `str` - at `$.model[0].alignment`"
     #          "Object contains unknown field `foo` - at `$.daemon`"
     problem, sep, where = message.partition(" - at `")
@@ -209,7 +190,7 @@ def _split_validation_error(message: str) -> tuple[str | None, str]:
             key = f"{key}.{field.group(1)}" if key else field.group(1)
         problem = "required key is missing"
     elif problem.startswith("Invalid enum value") and key:
-        choices = _literal_choices(key.rsplit(".", 1)[-1])
+        choices = _literal_choices(key.rsplit(".", 1)[-1], table)
         if choices:
             problem = f"{problem}; expected one of {', '.join(map(repr, choices))}"
     return key or None, problem
@@ -225,17 +206,15 @@ def _instance_key(tables: dict, key: str) -> str:
     return key
 
 
-def _literal_choices(field: str) -> tuple[str, ...]:
-    for table in (DaemonConfig, ModelConfig):
-        hint = typing.get_type_hints(table).get(field)
+def _literal_choices(field: str, table: type | None) -> tuple[str, ...]:
+    for struct in (table or DaemonConfig, DaemonConfig):
+        hint = typing.get_type_hints(struct).get(field)
         if hint is not None and typing.get_origin(hint) is Literal:
             return typing.get_args(hint)
     return ()
 
 
 def _check(cfg: Config, path: str) -> None:
-    from wcached.loaders import loader_names
-
     d = cfg.daemon
     if not d.socket_dir:
         raise ConfigError(path, "daemon.socket_dir", "must not be empty")
@@ -246,47 +225,11 @@ def _check(cfg: Config, path: str) -> None:
     seen: set[str] = set()
     for i, m in enumerate(cfg.model):
         key = f"model[{i}]"
-        if not re.fullmatch(r"[A-Za-z0-9._:/-]{1,128}", m.name):
-            raise ConfigError(path, f"{key}.name", f"invalid model name {m.name!r}")
+        for sub, problem in m.problems():
+            raise ConfigError(path, f"{key}.{sub}", problem)
         if m.name in seen:
             raise ConfigError(path, f"{key}.name", f"duplicate model name {m.name!r}")
         seen.add(m.name)
-        if m.loader not in loader_names():
-            raise ConfigError(
-                path,
-                f"{key}.loader",
-                f"unknown loader {m.loader!r} (known: {', '.join(sorted(loader_names()))})",
-            )
-        a = m.alignment
-        if a < 1 or a & (a - 1) or a > (2 << 20):
-            raise ConfigError(path, f"{key}.alignment", f"must be a power of two <= 2MiB, got {a}")
-        parse_size(m.segment_size, f"{key}.segment_size", path)
-        if m.tensor_parallel_size < 1 or m.pipeline_parallel_size < 1:
-            raise ConfigError(path, f"{key}.tensor_parallel_size", "parallel sizes must be >= 1")
-        if m.tensor_parallel_size * m.pipeline_parallel_size > 1 and m.loader != "vllm":
-            raise ConfigError(path, f"{key}.tensor_parallel_size", 'parallel layouts need loader = "vllm"')
-        if m.rendezvous and not re.fullmatch(r"tcp://[^:/]+:\d+", m.rendezvous):
-            raise ConfigError(path, f"{key}.rendezvous", f"expected tcp://host:port, got {m.rendezvous!r}")
-        if m.rendezvous and not re.fullmatch(r"tcp://(127\.[0-9.]+|localhost):\d+", m.rendezvous):
-            # The ranks are instances on this host, and the unit allows
-            # loopback only: another address would hang the fill.
-            raise ConfigError(
-                path,
-                f"{key}.rendezvous",
-                f"must be a loopback address (tcp://127.0.0.1:PORT), got {m.rendezvous!r}",
-            )
-        world = m.tensor_parallel_size * m.pipeline_parallel_size
-        for inst, rank in m.ranks.items():
-            if not 0 <= rank < world:
-                raise ConfigError(
-                    path, f"{key}.ranks.{inst}", f"rank {rank} is outside 0..{world - 1} (tp x pp = {world})"
-                )
-        if len(set(m.ranks.values())) != len(m.ranks):
-            raise ConfigError(path, f"{key}.ranks", "two instances have the same rank")
-        if m.read_threads != "auto" and m.read_threads < 1:
-            raise ConfigError(path, f"{key}.read_threads", "must be >= 1")
-        if m.fill_timeout_s <= 0:
-            raise ConfigError(path, f"{key}.fill_timeout_s", "must be > 0")
     for name, inst in cfg.instance.items():
         for j, model_name in enumerate(inst.models or []):
             if model_name not in seen:

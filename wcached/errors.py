@@ -78,6 +78,15 @@ class OutOfMemory(FillError):
     exit_status = EX_TEMPFAIL
 
 
+class UnservableModel(FillError):
+    """The model loads, but not in a form engines can take from the cache
+    (a quantization whose post-processing each engine must redo): a
+    configuration matter, so no retry (exit 78)."""
+
+    code = "unservable"
+    exit_status = EX_CONFIG
+
+
 class FillStalled(FillError):
     """The fill made no progress for ``fill_timeout_s``: temporary (a rank
     that may still come, a filesystem that may recover), so retried."""
@@ -159,6 +168,7 @@ _BY_CODE: dict[str, type[WcacheError]] = {
         FillError,
         OutOfMemory,
         FillStalled,
+        UnservableModel,
         CheckpointMissing,
         ProtocolError,
         FrameTooLarge,
@@ -182,6 +192,12 @@ def error_for_code(code: str, message: str) -> WcacheError:
     return err
 
 
+class ReadOnlyWeights(WcacheError):
+    """An engine tried to write weights it maps read-only from the daemon."""
+
+    code = "read_only"
+
+
 class Busy(WcacheError):
     """The daemon serves as many connections as it is configured for."""
 
@@ -189,3 +205,4 @@ class Busy(WcacheError):
 
 
 _BY_CODE[Busy.code] = Busy
+_BY_CODE[ReadOnlyWeights.code] = ReadOnlyWeights

@@ -15,7 +15,7 @@ import msgspec
 from wcached.errors import BadRequest
 
 
-class CacheKey(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class CacheKey(msgspec.Struct, frozen=True, kw_only=True):
     model: str
     loader: str
     # sha256 over file names + sizes + safetensors headers (or every byte).

@@ -80,10 +80,14 @@ def _compare_fingerprint(manifest: Any, model: ModelConfig, rep: Report) -> None
     """Loaders whose tensors are not the checkpoint's bytes (vLLM fuses and
     transforms them): the checkpoint's fingerprint, and with ``fingerprint =
     "content"`` every byte the fill read."""
-    from wcached.integrations.vllm_keys import checkpoint_fingerprint_or_empty
+    from wcached.errors import WcacheError
+    from wcached.loaders.vllm.key import checkpoint_fingerprint
 
-    now = checkpoint_fingerprint_or_empty(model.path)
-    if now and manifest.key.fingerprint and now != manifest.key.fingerprint:
+    try:
+        now = checkpoint_fingerprint(model.path)
+    except (OSError, WcacheError) as e:
+        now = f"unreadable ({e})"
+    if manifest.key.fingerprint and now != manifest.key.fingerprint:
         rep.problems.append(f"checkpoint {model.path} changed since the fill (its fingerprint differs)")
     recorded = manifest.attrs.get("checkpoint.content")
     if recorded:

@@ -11,9 +11,13 @@ import torch
 import xxhash
 
 from tests.helpers import as_bytes, load_reference, multi_dtype_tensors, write_sharded
-from wcached.config import ModelConfig
 from wcached.errors import FillError
-from wcached.loaders.safetensors import SafetensorsLoader, checkpoint_fingerprint, read_checkpoint
+from wcached.loaders.safetensors import (
+    SafetensorsLoader,
+    SafetensorsModel,
+    checkpoint_fingerprint,
+    read_checkpoint,
+)
 from wcached.memory.host import HostBackend
 
 
@@ -23,7 +27,7 @@ def _raw_file(path: Path, header: dict, data: bytes) -> Path:
     return path
 
 
-def _fill(model: ModelConfig):
+def _fill(model: SafetensorsModel):
     progress: list[int] = []
     filled = SafetensorsLoader().fill(model, HostBackend(), "cpu0", progress.append)
     return filled, progress
@@ -44,7 +48,7 @@ def _views(filled):
 
 def test_fill_matches_load_file_and_reports_progress(tmp_path: Path) -> None:
     ckpt = write_sharded(tmp_path / "c", multi_dtype_tensors(), shards=3)
-    filled, progress = _fill(ModelConfig(name="m", path=str(ckpt), segment_size=8192, read_threads=2))
+    filled, progress = _fill(SafetensorsModel(name="m", path=str(ckpt), segment_size=8192, read_threads=2))
     assert len(filled.manifest.segments) > 2
     for t in filled.manifest.tensors:
         assert t.offset % 256 == 0
@@ -62,7 +66,7 @@ def test_fill_matches_load_file_and_reports_progress(tmp_path: Path) -> None:
 
 def test_dtype_policy_casts_floats_only(tmp_path: Path) -> None:
     ckpt = write_sharded(tmp_path / "c", multi_dtype_tensors(), shards=1)
-    filled, _ = _fill(ModelConfig(name="m", path=str(ckpt), dtype="float32"))
+    filled, _ = _fill(SafetensorsModel(name="m", path=str(ckpt), dtype="float32"))
     views = _views(filled)
     ref = load_reference(ckpt)
     assert views["embed.weight"].dtype == torch.float32
@@ -78,7 +82,7 @@ def test_header_fingerprint_sees_rewrites_content_fingerprint_sees_bytes(tmp_pat
     a = write_sharded(tmp_path / "a", {"w": torch.zeros(4, 4)}, shards=1)
     (shard,) = a.glob("*.safetensors")
     before = checkpoint_fingerprint(str(a))
-    fa, _ = _fill(ModelConfig(name="m", path=str(a), fingerprint="content", digest=False))
+    fa, _ = _fill(SafetensorsModel(name="m", path=str(a), fingerprint="content", digest=False))
     assert fa.manifest.key.fingerprint.startswith("content:")
     st = shard.stat()
     # The same header, other tensor bytes, written in place (a fine-tune step).
@@ -91,7 +95,7 @@ def test_header_fingerprint_sees_rewrites_content_fingerprint_sees_bytes(tmp_pat
     # not to the content fingerprint.
     os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert checkpoint_fingerprint(str(a)) == before
-    fb, _ = _fill(ModelConfig(name="m", path=str(a), fingerprint="content", digest=False))
+    fb, _ = _fill(SafetensorsModel(name="m", path=str(a), fingerprint="content", digest=False))
     assert fa.manifest.key.fingerprint != fb.manifest.key.fingerprint
     # A copy put in place (same bytes and time, a new inode) is seen too.
     shutil.copy2(shard, tmp_path / "copy")
@@ -168,9 +172,9 @@ def test_missing_and_empty_paths(tmp_path: Path) -> None:
 def test_alias_errors(tmp_path: Path) -> None:
     ckpt = write_sharded(tmp_path / "c", {"a": torch.ones(2)}, shards=1)
     with pytest.raises(FillError, match="names missing tensor 'b'"):
-        _fill(ModelConfig(name="m", path=str(ckpt), aliases={"tied": "b"}))
+        _fill(SafetensorsModel(name="m", path=str(ckpt), aliases={"tied": "b"}))
     with pytest.raises(FillError, match="is itself a stored tensor"):
-        _fill(ModelConfig(name="m", path=str(ckpt), aliases={"a": "a"}))
+        _fill(SafetensorsModel(name="m", path=str(ckpt), aliases={"a": "a"}))
 
 
 def test_runs_group_back_to_back_tensors_of_one_file_and_segment() -> None:
@@ -206,7 +210,7 @@ def test_truncation_during_fill_names_the_tensor(tmp_path: Path, monkeypatch) ->
     with open(shard, "r+b") as f:
         f.truncate(os.path.getsize(shard) - 300)
     with pytest.raises(FillError, match=r"truncated: tensor 'b' ended after 212 of 256 bytes"):
-        _fill(ModelConfig(name="m", path=str(ckpt)))
+        _fill(SafetensorsModel(name="m", path=str(ckpt)))
 
 
 def test_streams_cut_runs_in_file_order_by_bytes() -> None:

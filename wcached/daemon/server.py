@@ -37,6 +37,7 @@ from wcached.errors import (
 )
 from wcached.keys import describe_mismatch, mismatched_fields
 from wcached.protocol.messages import (
+    MIN_PROTOCOL_VERSION,
     PROTOCOL_VERSION,
     Attach,
     Attached,
@@ -54,6 +55,17 @@ from wcached.protocol.messages import (
 from wcached.protocol.wire import MAX_REQUEST_BYTES, Channel, PeerClosed, close_fds
 
 log = logging.getLogger("wcached.server")
+
+
+def negotiate(hello: Hello) -> int:
+    """The highest protocol version both sides speak."""
+    version = min(hello.version, PROTOCOL_VERSION)
+    if version < max(hello.min_version, MIN_PROTOCOL_VERSION) or hello.min_version > hello.version:
+        raise VersionMismatch(
+            f"daemon speaks protocol {MIN_PROTOCOL_VERSION}..{PROTOCOL_VERSION}, "
+            f"client {hello.min_version}..{hello.version}"
+        )
+    return version
 
 
 @dataclass
@@ -240,14 +252,11 @@ class Server:
             hello = chan.recv(MAX_REQUEST_BYTES, idle_timeout=timeout, frame_timeout=timeout)
             if not isinstance(hello, Hello):
                 raise ProtocolError(f"first message must be hello, got {type(hello).__name__}")
-            if hello.version != PROTOCOL_VERSION:
-                raise VersionMismatch(
-                    f"daemon speaks protocol {PROTOCOL_VERSION}, client sent {hello.version}"
-                )
+            version = negotiate(hello)
             session.client = hello.client[:128]
             chan.send(
                 Welcome(
-                    version=PROTOCOL_VERSION,
+                    version=version,
                     instance=self.device.instance_id,
                     device=self.device.name,
                     daemon_version=__version__,

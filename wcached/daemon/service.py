@@ -21,7 +21,7 @@ import msgspec
 from wcached import __version__
 from wcached.config import ConfigError, InstanceSettings, ModelConfig, instance_settings, load_config
 from wcached.daemon.fdstore import FdStore, group_by_model, listen_fds
-from wcached.daemon.filler import FillAborted, fill_models, with_canonical_ranks
+from wcached.daemon.filler import FillAborted, fill_models
 from wcached.daemon.lock import InstanceLock
 from wcached.daemon.peers import AccessPolicy
 from wcached.daemon.restore import NotRestorable, checkpoint_stamps, loader_environment, make_record, restore
@@ -126,9 +126,7 @@ class Service:
                 continue
             started = time.monotonic()
             try:
-                held = restore(
-                    entry, with_canonical_ranks(model, self.device), self.device.instance_id, python
-                )
+                held = restore(entry, model.for_device(self.device), self.device.instance_id, python)
             except NotRestorable as e:
                 log.warning("refilling %s, because %s", model.name, e)
                 entry.close()
@@ -175,7 +173,7 @@ class Service:
         python = self.settings.worker_python or sys.executable
         stamps = {}
         for m in models:
-            canonical = with_canonical_ranks(m, self.device)
+            canonical = m.for_device(self.device)
             try:
                 stamps[m.name] = (canonical, loader_environment(m, python), checkpoint_stamps(m.path))
             except NotRestorable as e:

@@ -1,48 +1,10 @@
-"""Loader registry.
+"""Loaders: plugins that fill a model's segments from a checkpoint.
 
-A loader runs inside the loader worker: it reads a checkpoint described by a
-``[[model]]`` table into segments of a memory backend and returns the manifest.
-Loaders are named by an import path so that the daemon (which only validates
-names) never imports torch or vLLM.
+The contract and the lookup are in :mod:`wcached.loaders.base`; the loaders
+this package ships are :mod:`wcached.loaders.safetensors` and
+:mod:`wcached.loaders.vllm`.
 """
 
-from __future__ import annotations
+from wcached.loaders.base import Loader, ModelConfig, get_loader, loader_names
 
-import importlib
-from typing import TYPE_CHECKING, Protocol
-
-if TYPE_CHECKING:
-    from wcached.config import ModelConfig
-    from wcached.loaders.layout import FilledModel
-    from wcached.memory.base import MemoryBackend, ProgressFn
-
-
-class Loader(Protocol):
-    def fill(
-        self,
-        model: ModelConfig,
-        backend: MemoryBackend,
-        instance: str,
-        progress: ProgressFn,
-    ) -> FilledModel: ...
-
-
-_REGISTRY: dict[str, str] = {
-    "safetensors": "wcached.loaders.safetensors:SafetensorsLoader",
-    "vllm": "wcached.loaders.vllm:VllmLoader",
-}
-
-
-def register_loader(name: str, target: str) -> None:
-    """Register ``name`` -> ``"module:Class"``; the class is imported on use."""
-    _REGISTRY[name] = target
-
-
-def loader_names() -> frozenset[str]:
-    return frozenset(_REGISTRY)
-
-
-def get_loader(name: str) -> Loader:
-    module_name, _, cls_name = _REGISTRY[name].partition(":")
-    module = importlib.import_module(module_name)
-    return getattr(module, cls_name)()
+__all__ = ["Loader", "ModelConfig", "get_loader", "loader_names"]

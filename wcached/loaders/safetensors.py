@@ -21,10 +21,10 @@ from pathlib import Path
 
 import xxhash
 
-from wcached.config import ModelConfig
 from wcached.dtypes import BY_TORCH_NAME, DTYPES, Dtype
 from wcached.errors import FillError
 from wcached.keys import CacheKey
+from wcached.loaders.base import ModelConfig
 from wcached.loaders.layout import FilledModel, PhaseClock, alias_entries, fill_segments, plan_layout
 from wcached.memory.base import MAX_RUN_BYTES, MemoryBackend, ProgressFn
 from wcached.protocol.messages import Manifest, SegmentInfo, TensorInfo
@@ -221,9 +221,28 @@ def _contiguous_stride(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(stride))
 
 
+class SafetensorsModel(ModelConfig, tag="safetensors", frozen=True, kw_only=True):
+    """``loader = "safetensors"``: the checkpoint's tensors as stored (or
+    cast to ``dtype``), for any engine that reads them by name."""
+
+    # Tied weights the checkpoint stores once: alias name -> stored tensor name.
+    aliases: dict[str, str] = {}
+
+
 class SafetensorsLoader:
+    name = "safetensors"
+    options = SafetensorsModel
+
+    def key(self, model: SafetensorsModel, fingerprint: str) -> CacheKey:
+        """What identifies the filled tensors: the checkpoint (its header or
+        content fingerprint, :func:`checkpoint_fingerprint`) and the cast."""
+        return CacheKey(model=model.name, loader=self.name, fingerprint=fingerprint, dtype=model.dtype)
+
+    def environment(self, model: ModelConfig, python: str) -> str:
+        return ""  # the fill reads bytes; nothing else changes them
+
     def fill(
-        self, model: ModelConfig, backend: MemoryBackend, instance: str, progress: ProgressFn
+        self, model: SafetensorsModel, backend: MemoryBackend, instance: str, progress: ProgressFn
     ) -> FilledModel:
         clock = PhaseClock()
         ckpt = read_checkpoint(model.path)
@@ -270,12 +289,7 @@ class SafetensorsLoader:
             )
             infos.append(info)
         infos += alias_entries(infos, model.aliases)
-        key = CacheKey(
-            model=model.name,
-            loader="safetensors",
-            fingerprint=fingerprint,
-            dtype=model.dtype,
-        )
+        key = self.key(model, fingerprint)
         segments = [
             SegmentInfo(index=i, nbytes=w.nbytes, backend=backend.name, device=instance)
             for i, w in enumerate(writers)
@@ -421,3 +435,6 @@ def _cast(fd: int, t: StoredTensor, out: Dtype) -> memoryview:
     src = torch.frombuffer(raw, dtype=getattr(torch, t.dtype.torch))
     dst = src.to(getattr(torch, out.torch)).contiguous()
     return memoryview(ctypes.string_at(dst.data_ptr(), dst.numel() * dst.element_size()))
+
+
+LOADER = SafetensorsLoader()

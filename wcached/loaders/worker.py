@@ -16,9 +16,6 @@ import socket
 import sys
 import time
 
-import msgspec
-
-from wcached.config import ModelConfig
 from wcached.errors import EX_SOFTWARE, OutOfMemory, WcacheError
 from wcached.log import setup_logging
 from wcached.protocol.messages import (
@@ -36,7 +33,7 @@ PROGRESS_INTERVAL_S = 0.5
 
 
 def run(chan: Channel) -> None:
-    from wcached.loaders import get_loader
+    from wcached.loaders.base import get_loader, model_from_builtins
     from wcached.memory import get_backend
 
     job = chan.recv(MAX_REPLY_BYTES)
@@ -45,7 +42,7 @@ def run(chan: Channel) -> None:
     backend = get_backend(job.backend, job.instance)
     backend.prepare_fill()
     for raw in job.models:
-        model = msgspec.convert(raw, ModelConfig)
+        model = model_from_builtins(raw)
         last = 0.0
 
         def progress(done: int, name: str = model.name) -> None:

@@ -1,8 +1,21 @@
-"""Every message of protocol v1, as msgspec tagged structs.
+"""Every message of the protocol, as msgspec tagged structs.
 
-Decoding is strict: an unknown ``type`` tag, an unknown field or a wrong type is
-a protocol error, never a guess. Bump :data:`PROTOCOL_VERSION` for any change a
-v1 peer would reject.
+Versions: a client's hello says the range it speaks (``min_version`` ..
+``version``), the daemon answers with the highest version both speak (its
+welcome's ``version``) or a ``version_mismatch`` error naming both ranges.
+Version 1 had no range: its daemons want ``version == 1`` exactly, so a client
+told ``version_mismatch`` by one greets again with ``version = 1``.
+
+Compatibility rules, so that one release's daemon and the next release's
+plugin attach (or fall back) in both directions:
+
+- requests other than the hello are decoded strictly: an unknown tag, an
+  unknown field or a wrong type is a bad request, never a guess;
+- the hello and every reply tolerate fields they do not know: a later release
+  may add fields an earlier one can ignore;
+- a change an earlier peer must not ignore (a field that changes what a
+  tensor entry means) takes a new protocol version, and the daemon leaves it
+  out when it speaks an earlier one.
 """
 
 from __future__ import annotations
@@ -13,23 +26,29 @@ import msgspec
 
 from wcached.keys import CacheKey
 
-PROTOCOL_VERSION = 1
+# What this release speaks: 2 is 1 plus the hello's range.
+PROTOCOL_VERSION = 2
+MIN_PROTOCOL_VERSION = 1
 
 
 class _Msg(msgspec.Struct, tag_field="type", forbid_unknown_fields=True, kw_only=True):
-    pass
+    """A request after the hello, or a daemon <-> worker message: strict."""
+
+
+class _Tolerant(msgspec.Struct, tag_field="type", kw_only=True):
+    """The hello and the replies: unknown fields are ignored."""
 
 
 # Manifests hold up to ~100k of these: gc=False and tuples keep them out of the
 # cyclic garbage collector, which otherwise dominates decoding time.
-class SegmentInfo(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, gc=False):
+class SegmentInfo(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     index: int
     nbytes: int
     backend: str  # "host" (sealed memfd) or "cuda" (VMM POSIX fd)
     device: str  # canonical instance id: "cpu0", "GPU-<uuid>"
 
 
-class TensorInfo(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, gc=False):
+class TensorInfo(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     name: str
     dtype: str  # torch name: "bfloat16", "float8_e4m3fn", "bool", ...
     shape: tuple[int, ...]
@@ -42,7 +61,7 @@ class TensorInfo(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     digest: str = ""  # xxh3-128 hex of the bytes (see Manifest.attrs["digest"]), "" if none
 
 
-class Manifest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class Manifest(msgspec.Struct, frozen=True, kw_only=True):
     model: str
     key: CacheKey
     segments: list[SegmentInfo]
@@ -56,9 +75,12 @@ class Manifest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 # -- client -> daemon ---------------------------------------------------------
 
 
-class Hello(_Msg, tag="hello"):
-    version: int
+class Hello(_Tolerant, tag="hello", omit_defaults=True):
+    version: int  # the highest version the client speaks
     client: str = ""
+    # The lowest; omitted when 1, so that a version-1 daemon, which knows no
+    # such field, accepts the hello of a client that falls back to 1.
+    min_version: int = 1
 
 
 class Attach(_Msg, tag="attach"):
@@ -80,21 +102,21 @@ Request = Hello | Attach | StatusRequest | Release
 # -- daemon -> client ---------------------------------------------------------
 
 
-class Welcome(_Msg, tag="welcome"):
-    version: int
+class Welcome(_Tolerant, tag="welcome"):
+    version: int  # the version this connection speaks
     instance: str
     device: str
     daemon_version: str
     pid: int
 
 
-class Attached(_Msg, tag="attached"):
+class Attached(_Tolerant, tag="attached"):
     manifest: Manifest
     # The segment fds follow the frame, in SCM_RIGHTS batches (see wire.py).
     fd_count: int
 
 
-class Mismatch(_Msg, tag="mismatch"):
+class Mismatch(_Tolerant, tag="mismatch"):
     model: str
     fields: list[str]
     message: str
@@ -121,7 +143,7 @@ class ClientStatus(msgspec.Struct, frozen=True, kw_only=True):
     connected_s: float
 
 
-class StatusReply(_Msg, tag="status_reply"):
+class StatusReply(_Tolerant, tag="status_reply"):
     instance: str
     device: str
     backend: str
@@ -135,12 +157,12 @@ class StatusReply(_Msg, tag="status_reply"):
     device_memory_bytes: int = 0
 
 
-class Released(_Msg, tag="released"):
+class Released(_Tolerant, tag="released"):
     model: str
     attached_clients: int
 
 
-class ErrorReply(_Msg, tag="error"):
+class ErrorReply(_Tolerant, tag="error"):
     code: str
     message: str
 

@@ -39,12 +39,12 @@ from typing import Any
 
 import xxhash
 
-from wcached.config import ModelConfig
-from wcached.errors import FillError
-from wcached.integrations.vllm_keys import PROCESSED_GUARD
+from wcached.errors import FillError, UnservableModel
 from wcached.keys import CacheKey
 from wcached.loaders.layout import FilledModel, PhaseClock, alias_entries, fill_segments_in_order, plan_layout
 from wcached.loaders.safetensors import DIGEST_ALGORITHM
+from wcached.loaders.vllm import VllmModel
+from wcached.loaders.vllm.key import PROCESSED_GUARD, vllm_cache_key
 from wcached.memory.base import MemoryBackend, ProgressFn, SegmentWriter
 from wcached.protocol.messages import Manifest, SegmentInfo, TensorInfo
 
@@ -77,19 +77,6 @@ def span_bytes(t: Any) -> int:
         return 0
     span = 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride(), strict=True))
     return span * t.element_size()
-
-
-def rank_of(model: ModelConfig, instance: str) -> int:
-    """This instance's rank; the daemon has already rewritten ``ranks`` keys to
-    the canonical instance id (operators write a GPU index, a UUID or cpuN)."""
-    if model.tensor_parallel_size * model.pipeline_parallel_size == 1:
-        return 0
-    if instance in model.ranks:
-        return model.ranks[instance]
-    digits = "".join(ch for ch in instance if ch.isdigit())
-    if instance.startswith("cpu") and digits:
-        return int(digits)
-    raise FillError(f"model {model.name!r}: no rank for instance {instance} (set model.ranks)")
 
 
 def has_preprocessed_mode() -> bool:
@@ -126,10 +113,11 @@ class BuiltModel:
     net: Any
     form: str  # "processed" or "loaded"
     rank: int
+    key: CacheKey
     processed_modules: list[str] = field(default_factory=list)
 
 
-def build_model(model: ModelConfig, instance: str, device_type: str) -> BuiltModel:
+def build_model(model: VllmModel, instance: str, device_type: str) -> BuiltModel:
     """vLLM config, then this rank's model loaded by vLLM's own loader."""
     import torch
     from vllm.config import set_current_vllm_config
@@ -162,7 +150,7 @@ def build_model(model: ModelConfig, instance: str, device_type: str) -> BuiltMod
         **extra,
     )
     vllm_config = args.create_engine_config()
-    rank = rank_of(model, instance)
+    rank = model.rank_of(instance)
     world = tp * pp
     if world > 1 and not model.rendezvous:
         raise FillError(f"model {model.name!r}: tensor/pipeline parallel needs model.rendezvous")
@@ -196,6 +184,9 @@ def build_model(model: ModelConfig, instance: str, device_type: str) -> BuiltMod
     model_config = vllm_config.model_config
     with set_current_vllm_config(vllm_config):
         ensure_model_parallel_initialized(tp, pp)
+        # Before any weight is loaded: post-processing may rewrite the
+        # checkpoint's quantization config, which the key hashes.
+        key = vllm_cache_key(model.name, vllm_config, model_config, model.role)
         loader = get_model_loader(vllm_config.load_config)
         try:
             from vllm.v1.worker.workspace import init_workspace_manager
@@ -229,7 +220,44 @@ def build_model(model: ModelConfig, instance: str, device_type: str) -> BuiltMod
                     process_weights_after_loading(net, model_config, target)
                 form = "processed"
     processed = [name for name, m in net.named_modules() if getattr(m, PROCESSED_GUARD, False)]
-    return BuiltModel(vllm_config, net.eval(), form, rank, processed)
+    if form == "loaded":
+        refuse_post_processed(model, net, set(processed))
+    return BuiltModel(vllm_config, net.eval(), form, rank, key, processed)
+
+
+# Quant methods whose post-processing leaves the weights it is given alone
+# (the KV-cache methods adjust scales, which are buffers and copied).
+TAKES_LOADED_FORM = ("UnquantizedLinearMethod", "UnquantizedEmbeddingMethod", "UnquantizedFusedMoEMethod")
+
+
+def refuse_post_processed(model: VllmModel, net: Any, processed: set[str]) -> None:
+    """The loaded form is post-processed by each engine: a quant method that
+    rewrites its weights then (repacking, transposing) would leave every
+    engine a full copy of its own beside the daemon's, or write into
+    read-only pages. Refused at fill, naming the method, rather than filled
+    for engines that cannot use it. Layers processed while loading (online
+    quantization) are already in their final form and marked done."""
+    try:
+        from vllm.model_executor.layers.quantization.kv_cache import BaseKVCacheMethod
+    except ImportError:
+        BaseKVCacheMethod = ()  # noqa: N806
+    for name, module in net.named_modules():
+        method = getattr(module, "quant_method", None)
+        if method is None or name in processed or isinstance(method, BaseKVCacheMethod):
+            continue
+        if type(method).__name__ in TAKES_LOADED_FORM:
+            continue
+        quantization = net_quantization(model)
+        raise UnservableModel(
+            f"model {model.name!r}: quantization {quantization!r} ({type(method).__name__}, layer {name}) "
+            "post-processes its weights in each engine, and this vLLM cannot take them back already "
+            'processed; serve this model from disk, or quantize it online (quantization = "fp8" '
+            "over an unquantized checkpoint)"
+        )
+
+
+def net_quantization(model: VllmModel) -> str:
+    return str(model.engine_args.get("quantization") or "from the checkpoint's quantization_config")
 
 
 def _create_and_load(loader: Any, vllm_config: Any, model_config: Any) -> Any:
@@ -301,147 +329,124 @@ def _host_digest(ptr: int, nbytes: int) -> str:
         view.release()
 
 
-class VllmLoader:
-    def fill(
-        self, model: ModelConfig, backend: MemoryBackend, instance: str, progress: ProgressFn
-    ) -> FilledModel:
-        import torch
-        from vllm.distributed import get_pp_group, get_tensor_model_parallel_rank
+def fill(model: VllmModel, backend: MemoryBackend, instance: str, progress: ProgressFn) -> FilledModel:
+    """This instance's rank of ``model``, loaded by vLLM, copied into segments."""
+    import torch
 
-        from wcached.integrations.vllm_keys import vllm_key_fields
+    clock = PhaseClock()
+    device_type = "cpu" if backend.name == "host" else "cuda"
+    if device_type != "cpu":
+        # This model's peak, not the last one's (measurement only).
+        with contextlib.suppress(RuntimeError):
+            torch.cuda.reset_peak_memory_stats()
+    peak = _PeakMemory(backend)
+    built = build_model(model, instance, device_type)
+    net = built.net
+    peak.sample()
+    if device_type != "cpu":
+        # vLLM's transient peak while loading (quantizing, say).
+        peak.include(torch.cuda.max_memory_allocated())
+    clock.lap("vllm_load")
 
-        clock = PhaseClock()
-        device_type = "cpu" if backend.name == "host" else "cuda"
-        if device_type != "cpu":
-            # This model's peak, not the last one's (measurement only).
-            with contextlib.suppress(RuntimeError):
-                torch.cuda.reset_peak_memory_stats()
-        peak = _PeakMemory(backend)
-        built = build_model(model, instance, device_type)
-        net = built.net
+    unique: list[tuple[str, Any, str]] = []
+    canonical: dict[int, str] = {}
+    aliases: dict[str, str] = {}
+
+    def add(name: str, t: Any, kind: str) -> None:
+        if id(t) in canonical:
+            aliases[name] = canonical[id(t)]
+            return
+        canonical[id(t)] = name
+        unique.append((name, t, kind))
+
+    for name, p in net.named_parameters(remove_duplicate=False):
+        add(name, p, "param")
+    # named_buffers includes non-persistent ones (rotary caches), which a
+    # state_dict would miss.
+    for name, b in net.named_buffers(remove_duplicate=False):
+        add(name, b, "buffer")
+
+    storages = group_by_storage(unique, model.alignment)
+    placements, seg_sizes = plan_layout(
+        ((g.members[0][0], g.nbytes) for g in storages), model.segment_bytes, model.alignment
+    )
+    by_segment: list[list[int]] = [[] for _ in seg_sizes]
+    for i, p in enumerate(placements):
+        by_segment[p.segment].append(i)
+    infos: dict[str, TensorInfo] = {}
+    digests = model.digest and device_type == "cpu"
+    if device_type != "cpu":
+        torch.cuda.synchronize()  # vLLM's kernels have written everything
+    done = 0
+
+    def copy(index: int, writer: SegmentWriter) -> None:
+        nonlocal done
         peak.sample()
+        for i in by_segment[index]:
+            group, p = storages[i], placements[i]
+            if group.nbytes:
+                writer.copy_from_pointer(p.offset, group.start, group.nbytes, None)
+            for name, t, kind in group.members:
+                offset = p.offset + (t.data_ptr() - group.start if group.nbytes else 0)
+                nbytes = span_bytes(t)
+                infos[name] = TensorInfo(
+                    name=name,
+                    dtype=str(t.dtype).removeprefix("torch."),
+                    shape=tuple(t.shape),
+                    stride=tuple(t.stride()),
+                    segment=p.segment,
+                    offset=offset,
+                    nbytes=nbytes,
+                    kind=kind,
+                    digest=_host_digest(t.data_ptr(), nbytes) if digests and nbytes else "",
+                )
+            done += group.nbytes
+            progress(done)
+        # This segment holds them now: give vLLM's copies back before the
+        # next segment is allocated.
+        for i in by_segment[index]:
+            if storages[i].storage is not None:
+                _free(storages[i].storage)
         if device_type != "cpu":
-            # vLLM's transient peak while loading (quantizing, say).
-            peak.include(torch.cuda.max_memory_allocated())
-        clock.lap("vllm_load")
+            torch.cuda.empty_cache()
 
-        unique: list[tuple[str, Any, str]] = []
-        canonical: dict[int, str] = {}
-        aliases: dict[str, str] = {}
+    writers, fds = fill_segments_in_order(backend, model.name, seg_sizes, clock, copy)
+    entries = [infos[name] for name, _, _ in unique]
+    entries += alias_entries(entries, aliases)
 
-        def add(name: str, t: Any, kind: str) -> None:
-            if id(t) in canonical:
-                aliases[name] = canonical[id(t)]
-                return
-            canonical[id(t)] = name
-            unique.append((name, t, kind))
+    key = built.key
+    attrs = {
+        "vllm.form": built.form,
+        "vllm.processed_modules": ",".join(built.processed_modules),
+    }
+    if digests:
+        attrs["digest"] = DIGEST_ALGORITHM
+    if model.fingerprint == "content":
+        # The key keeps the header fingerprint (what an engine computes
+        # cheaply to match); every checkpoint byte's hash is recorded
+        # beside it for `wcached verify`.
+        from wcached.checkpoint_content import content_digest
 
-        for name, p in net.named_parameters(remove_duplicate=False):
-            add(name, p, "param")
-        # named_buffers includes non-persistent ones (rotary caches), which a
-        # state_dict would miss.
-        for name, b in net.named_buffers(remove_duplicate=False):
-            add(name, b, "buffer")
+        attrs["checkpoint.content"] = content_digest(model.path)
+    try:
+        from vllm.model_executor.model_loader.weight_cache.utils import export_model_attrs
 
-        storages = group_by_storage(unique, model.alignment)
-        placements, seg_sizes = plan_layout(
-            ((g.members[0][0], g.nbytes) for g in storages), model.segment_bytes, model.alignment
-        )
-        by_segment: list[list[int]] = [[] for _ in seg_sizes]
-        for i, p in enumerate(placements):
-            by_segment[p.segment].append(i)
-        infos: dict[str, TensorInfo] = {}
-        digests = model.digest and device_type == "cpu"
-        if device_type != "cpu":
-            torch.cuda.synchronize()  # vLLM's kernels have written everything
-        done = 0
-
-        def copy(index: int, writer: SegmentWriter) -> None:
-            nonlocal done
-            peak.sample()
-            for i in by_segment[index]:
-                group, p = storages[i], placements[i]
-                if group.nbytes:
-                    writer.copy_from_pointer(p.offset, group.start, group.nbytes, None)
-                for name, t, kind in group.members:
-                    offset = p.offset + (t.data_ptr() - group.start if group.nbytes else 0)
-                    nbytes = span_bytes(t)
-                    infos[name] = TensorInfo(
-                        name=name,
-                        dtype=str(t.dtype).removeprefix("torch."),
-                        shape=tuple(t.shape),
-                        stride=tuple(t.stride()),
-                        segment=p.segment,
-                        offset=offset,
-                        nbytes=nbytes,
-                        kind=kind,
-                        digest=_host_digest(t.data_ptr(), nbytes) if digests and nbytes else "",
-                    )
-                done += group.nbytes
-                progress(done)
-            # This segment holds them now: give vLLM's copies back before the
-            # next segment is allocated.
-            for i in by_segment[index]:
-                if storages[i].storage is not None:
-                    _free(storages[i].storage)
-            if device_type != "cpu":
-                torch.cuda.empty_cache()
-
-        writers, fds = fill_segments_in_order(backend, model.name, seg_sizes, clock, copy)
-        entries = [infos[name] for name, _, _ in unique]
-        entries += alias_entries(entries, aliases)
-
-        pp_group = get_pp_group()
-        fields = vllm_key_fields(
-            built.vllm_config.model_config,
-            model.tensor_parallel_size,
-            get_tensor_model_parallel_rank(),
-            pp_group.world_size,
-            pp_group.rank_in_group,
-        )
-        key = CacheKey(
-            model=model.name,
-            loader="vllm",
-            fingerprint=fields["fingerprint"],
-            dtype=fields["dtype"],
-            tp_size=fields["tp_size"],
-            tp_rank=fields["tp_rank"],
-            pp_size=fields["pp_size"],
-            pp_rank=fields["pp_rank"],
-            extra={k[6:]: str(v) for k, v in fields.items() if k.startswith("extra.")},
-        )
-        attrs = {
-            "vllm.form": built.form,
-            "vllm.processed_modules": ",".join(built.processed_modules),
-        }
-        if digests:
-            attrs["digest"] = DIGEST_ALGORITHM
-        if model.fingerprint == "content":
-            # The key keeps the header fingerprint (what an engine computes
-            # cheaply to match); every checkpoint byte's hash is recorded
-            # beside it for `wcached verify`.
-            from wcached.checkpoint_content import content_digest
-
-            attrs["checkpoint.content"] = content_digest(model.path)
-        try:
-            from vllm.model_executor.model_loader.weight_cache.utils import export_model_attrs
-
-            attrs.update({f"vllm.attr.{k}": "1" if v else "0" for k, v in export_model_attrs(net).items()})
-        except ImportError:
-            pass
-        manifest = Manifest(
-            model=model.name,
-            key=key,
-            segments=[
-                SegmentInfo(index=i, nbytes=w.nbytes, backend=backend.name, device=instance)
-                for i, w in enumerate(writers)
-            ],
-            tensors=entries,
-            total_bytes=sum(g.nbytes for g in storages),
-            filled_at=time.time(),
-            attrs=attrs,
-        )
-        return FilledModel(manifest, fds, clock.total(), clock.phases, peak_device_bytes=peak.bytes)
+        attrs.update({f"vllm.attr.{k}": "1" if v else "0" for k, v in export_model_attrs(net).items()})
+    except ImportError:
+        pass
+    manifest = Manifest(
+        model=model.name,
+        key=key,
+        segments=[
+            SegmentInfo(index=i, nbytes=w.nbytes, backend=backend.name, device=instance)
+            for i, w in enumerate(writers)
+        ],
+        tensors=entries,
+        total_bytes=sum(g.nbytes for g in storages),
+        filled_at=time.time(),
+        attrs=attrs,
+    )
+    return FilledModel(manifest, fds, clock.total(), clock.phases, peak_device_bytes=peak.bytes)
 
 
 class _PeakMemory:

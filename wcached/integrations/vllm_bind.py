@@ -1,0 +1,391 @@
+"""The work behind ``--load-format wcache``: attach, check, bind, or fall back.
+
+Imported only when an engine loads with ``wcache`` (it reaches into vLLM
+internals: ``initialize_model``, ``process_weights_after_loading``,
+``set_default_torch_dtype``); see :mod:`wcached.integrations.vllm` for what
+the plugin promises.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from torch import nn
+from vllm.model_executor.model_loader.utils import initialize_model, process_weights_after_loading
+from vllm.utils.torch_utils import set_default_torch_dtype
+
+from wcached.client import attach
+from wcached.errors import ReadOnlyWeights, WcacheError
+from wcached.integrations.vllm import LOAD_FORMAT, PluginOptions, disk_loader, log
+from wcached.loaders.base import get_loader
+from wcached.loaders.vllm.key import PROCESSED_GUARD, expected_fields, role_of
+
+READ_ONLY = (
+    "the weights of this engine are read-only mappings of wcached's memory (zero-copy); "
+    f"to let the engine write them, load with --load-format {LOAD_FORMAT} and "
+    "--model-loader-extra-config '{\"copy\": true}' (the engine then holds its own copy)"
+)
+
+# Attachments made by get_external_weight_memory, taken by load_model (vLLM
+# builds a new loader object for each call).
+_EARLY: dict[tuple, Any] = {}
+# In _EARLY: the hook found the cache unusable and reported 0 bytes.
+_DISK = object()
+
+
+class WcacheLoading:
+    def __init__(self, load_config: Any, options: PluginOptions):
+        self.load_config = load_config
+        self.options = options
+
+    # -- the cache path ------------------------------------------------------
+
+    def load_model(self, vllm_config: Any, model_config: Any, prefix: str = "") -> nn.Module:
+        started = time.perf_counter()
+        role = "draft" if prefix.startswith("draft") else role_of(vllm_config, model_config)
+        name = self.options.draft_model if role == "draft" else self.options.model
+        if not name:
+            log.info(
+                "wcached: the draft model %s loads from disk (draft_model names the daemon's copy of it)",
+                model_config.model,
+            )
+            return self._from_disk(vllm_config, model_config, prefix, started)
+        att = None
+        try:
+            early = _EARLY.pop(self._early_key(name), None)
+            if early is _DISK:
+                # The KV cache was sized without external weights: stay on
+                # disk even if the daemon has come up since.
+                return self._from_disk(vllm_config, model_config, prefix, started)
+            att = early if early is not None else self._attach(vllm_config, model_config, name, role)
+            model = self._bind(vllm_config, model_config, prefix, att)
+        except Exception as e:
+            if att is not None:
+                att.close()
+            if not self.options.fallback or getattr(e, "_wcached_disk", False):
+                raise
+            _log_fallback(e, f"loading {model_config.model} from disk instead")
+            return self._from_disk(vllm_config, model_config, prefix, started)
+        if self.options.copy:
+            # The engine holds its own copy: no lease, nothing mapped.
+            att.close()
+        else:
+            # The attachment is the lease: it lives as long as the model.
+            model._wcached_attachment = att
+            _guard_writes(model)
+        log.info(
+            "wcached: bound %d tensors of %s (%s form%s) from %s in %.3f s",
+            len(att.manifest.tensors),
+            att.manifest.model,
+            att.manifest.attrs.get("vllm.form", "loaded"),
+            ", copied" if self.options.copy else "",
+            att.connection.welcome.instance,
+            time.perf_counter() - started,
+        )
+        if not self.options.copy:
+            _advise_memory(vllm_config, att)
+        return model
+
+    # -- KV-cache sizing -----------------------------------------------------
+
+    def get_external_weight_memory(self, vllm_config: Any) -> int:
+        """vLLM's hook (releases that have it): the bytes of weights this
+        worker will map from the daemon, so that the KV cache is sized as if
+        the engine had loaded them itself. Attaches now (the same attachment
+        is bound by load_model); 0 when it will load from disk or copy."""
+        if self.options.copy:
+            return 0  # the copies are the engine's own allocations
+        key = self._early_key(self.options.model)
+        displaced = _EARLY.pop(key, None)
+        if displaced not in (None, _DISK):
+            displaced.close()
+        try:
+            model_config = vllm_config.model_config
+            att = self._attach(vllm_config, model_config, self.options.model, "target")
+        except Exception as e:
+            if not self.options.fallback:
+                raise
+            _log_fallback(e, "the weights will be loaded from disk")
+            _EARLY[key] = _DISK
+            return 0
+        _EARLY[key] = att
+        return mapped_weight_bytes(att.manifest)
+
+    # -- writing paths -------------------------------------------------------
+
+    def load_weights(self, model: nn.Module, model_config: Any) -> None:
+        """vLLM's in-place load into an existing model: the attached tensors
+        copied into the model's own (copy mode only)."""
+        if not self.options.copy:
+            raise ReadOnlyWeights(READ_ONLY)
+        vllm_config = _current_vllm_config()
+        att = self._attach(vllm_config, model_config, self.options.model, role_of(vllm_config, model_config))
+        try:
+            own = dict(model.named_parameters()) | dict(model.named_buffers())
+            with torch.no_grad():
+                for name, t in att.tensors.items():
+                    if name in own and own[name].shape == t.shape:
+                        own[name].copy_(t)
+        finally:
+            att.close()
+
+    def get_all_weights(self, model_config: Any, model: nn.Module) -> Any:
+        """``reload_weights`` from disk: vLLM reads the checkpoint and writes
+        it into the model, which only a private copy allows."""
+        if not self.options.copy:
+            raise ReadOnlyWeights(READ_ONLY)
+        return disk_loader(self.load_config).get_all_weights(model_config, model)
+
+    # -- helpers -------------------------------------------------------------
+
+    def _early_key(self, name: str) -> tuple:
+        # One engine process is one worker (one rank of one model).
+        return (self.options.socket_dir, name, self._instance())
+
+    def _from_disk(self, vllm_config: Any, model_config: Any, prefix: str, started: float) -> Any:
+        try:
+            model = disk_loader(self.load_config).load_model(
+                vllm_config=vllm_config, model_config=model_config, prefix=prefix
+            )
+        except Exception as e:
+            e._wcached_disk = True  # type: ignore[attr-defined]  # not the cache's failure: no fallback
+            raise
+        log.info("wcached: loaded %s from disk in %.3f s", model_config.model, time.perf_counter() - started)
+        return model
+
+    def _instance(self) -> str:
+        if self.options.instance:
+            return str(self.options.instance)
+        device = torch.device(self.load_config.device or _current_device())
+        if device.type == "cuda":
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            return "GPU-" + str(torch.cuda.get_device_properties(index).uuid)
+        from vllm.distributed import get_world_group
+
+        return f"cpu{get_world_group().local_rank}"
+
+    def _attach(self, vllm_config: Any, model_config: Any, name: str, role: str) -> Any:
+        # The same function the daemon's fill called for the key it holds.
+        key = get_loader("vllm").key(name, vllm_config, model_config, role)
+        return attach(
+            name,
+            self._instance(),
+            socket_dir=self.options.socket_dir,
+            expect=expected_fields(key),
+            timeout=self.options.timeout_s,
+            client=f"vllm {model_config.model}",
+            keep_lease=not self.options.copy,
+        )
+
+    def _bind(self, vllm_config: Any, model_config: Any, prefix: str, att: Any) -> nn.Module:
+        attrs = att.manifest.attrs
+        # Manifests before "vllm.form" said "vllm.processed" = "1" or "0".
+        form = attrs.get("vllm.form") or ("processed" if attrs.get("vllm.processed") == "1" else "loaded")
+        device = torch.device(self.load_config.device or vllm_config.device_config.device)
+        already_processed = None
+        if form == "processed":
+            try:
+                from vllm.model_executor.utils import weights_already_processed as already_processed
+            except ImportError:
+                raise WcacheError(
+                    "the daemon holds post-processed weights and this vLLM has no "
+                    "already-processed mode to bind them with"
+                ) from None
+        elif form != "loaded":
+            raise WcacheError(f"the daemon holds weights in a form this plugin does not know: {form!r}")
+        processed_modules = {n for n in attrs.get("vllm.processed_modules", "").split(",") if n}
+        with set_default_torch_dtype(model_config.dtype):
+            with torch.device("meta"):
+                model = initialize_model(vllm_config=vllm_config, model_config=model_config, prefix=prefix)
+            register_all(model, att, strict=form == "loaded", skip=processed_modules, copy=self.options.copy)
+            for key, value in attrs.items():
+                if key.startswith("vllm.attr."):
+                    setattr(model, key[len("vllm.attr.") :], value == "1")
+            if already_processed is not None:
+                with already_processed():
+                    process_weights_after_loading(model, model_config, device)
+                # After the hooks, as vLLM's own cache loader checks: the
+                # fill's processing may have dropped placeholders.
+                left_on_meta(model)
+            else:
+                left_on_meta(model)
+                # Layers vLLM processed while the daemon loaded them (online
+                # quantization): marked done, never processed twice.
+                modules = dict(model.named_modules())
+                for name in processed_modules:
+                    if name not in modules:
+                        raise WcacheError(f"processed layer {name!r} is not in this model")
+                    setattr(modules[name], PROCESSED_GUARD, True)
+                    _set_up_kernels(modules[name])
+                process_weights_after_loading(model, model_config, device)
+        if self.options.copy:
+            _reload_on(model, device)
+        return model.eval()
+
+
+def register_all(model: nn.Module, att: Any, strict: bool, skip: set[str], copy: bool = False) -> None:
+    """Every attached tensor in place of the parameter or buffer it replaces.
+
+    ``strict`` (the loaded form, which the meta model's placeholders
+    describe exactly): each tensor must replace a placeholder of the same
+    shape, dtype and strides, outside the layers in ``skip`` (processed while
+    loading, their placeholders are the unprocessed ones). Nothing here is
+    left unchecked for lack of a placeholder: a tensor the model does not
+    have is an error, not a new parameter."""
+    modules = dict(model.named_modules(remove_duplicate=False))
+    registered: dict[str, torch.Tensor] = {}
+    entries = att.manifest.tensors
+
+    def put(name: str, obj: torch.Tensor, is_param: bool) -> None:
+        module_name, _, leaf = name.rpartition(".")
+        module = modules.get(module_name)
+        if module is None:
+            raise WcacheError(f"attached tensor {name} has no module {module_name!r} in the model")
+        placeholder = module._parameters.get(leaf)
+        if placeholder is None:
+            placeholder = module._buffers.get(leaf)
+        if strict and module_name not in skip:
+            if placeholder is None:
+                raise WcacheError(f"attached tensor {name} is no parameter or buffer of the model")
+            _check_like(name, obj, placeholder)
+        module._parameters.pop(leaf, None)
+        module._buffers.pop(leaf, None)
+        if is_param:
+            module.register_parameter(leaf, obj)
+        else:
+            module.register_buffer(leaf, obj)
+        registered[name] = obj
+
+    for e in entries:
+        if e.alias_of is None:
+            t = att.tensors[e.name]
+            if e.kind == "param":
+                # Zero copy: the engine computes from the daemon's read-only
+                # pages; copy mode: from its own memory.
+                put(e.name, nn.Parameter(t.clone() if copy else t, requires_grad=False), True)
+            else:
+                # Buffers (KV-cache scales, rotary caches) are small, and
+                # post-processing updates some of them in place: the engine
+                # gets its own copy.
+                put(e.name, t.clone(), False)
+    for e in entries:
+        if e.alias_of is not None:
+            if e.alias_of not in registered:
+                raise WcacheError(f"attached tensor {e.name} ties to {e.alias_of}, which the cache lacks")
+            # The same object: a tie stays a tie.
+            obj = registered[e.alias_of]
+            put(e.name, obj, isinstance(obj, nn.Parameter))
+
+
+def _check_like(name: str, obj: torch.Tensor, placeholder: torch.Tensor) -> None:
+    if placeholder.shape != obj.shape or placeholder.dtype != obj.dtype:
+        raise WcacheError(
+            f"attached tensor {name} is {str(obj.dtype).removeprefix('torch.')} {tuple(obj.shape)}, "
+            f"the model's is {str(placeholder.dtype).removeprefix('torch.')} {tuple(placeholder.shape)}"
+        )
+    if obj.numel() > 1 and placeholder.stride() != obj.stride():
+        raise WcacheError(
+            f"attached tensor {name} has strides {obj.stride()}, the model's {placeholder.stride()}"
+        )
+
+
+def left_on_meta(model: nn.Module) -> None:
+    """Every parameter and buffer must have come from the cache: one left on
+    the meta device would be uninitialised memory, never served."""
+    missing = [
+        f"{module_name}.{leaf}" if module_name else leaf
+        for module_name, module in model.named_modules()
+        for leaf, t in [*module._parameters.items(), *module._buffers.items()]
+        if t is not None and t.device.type == "meta"
+    ]
+    if missing:
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        raise WcacheError(f"the cache lacks {', '.join(missing[:5])}{more}")
+
+
+def _set_up_kernels(layer: nn.Module) -> None:
+    """A layer processed while the daemon loaded it skips its quant method's
+    processing here (the guard), and with it the set-up of the method's GEMM
+    kernel objects, which hold state of their own (the logical output width,
+    say). Their processing only re-lays out weights that are not yet in
+    kernel format (padding to 16): over the processed weights it sets that
+    state and changes nothing."""
+    method = getattr(layer, "quant_method", None)
+    for kernel in vars(method).values() if method is not None else ():
+        hook = getattr(kernel, "process_weights_after_loading", None)
+        if hook is not None and not isinstance(kernel, nn.Module):
+            hook(layer)
+
+
+def _guard_writes(model: nn.Module) -> None:
+    """Zero-copy: vLLM's weight updates (``reload_weights`` with weights,
+    trainer updates) call the model's ``load_weights``, which would write
+    into read-only pages and fault the process; they get an error instead."""
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise ReadOnlyWeights(READ_ONLY)
+
+    model.load_weights = refuse  # type: ignore[method-assign]
+
+
+def _reload_on(model: nn.Module, device: torch.device) -> None:
+    """The model was built on the meta device, so vLLM's reload bookkeeping
+    recorded meta as where to rebuild layers; a private copy lives on
+    ``device``, where a reload must rebuild them."""
+    try:
+        from vllm.model_executor.model_loader.reload.layerwise import get_layerwise_info
+    except ImportError:
+        return
+    for layer in model.modules():
+        get_layerwise_info(layer).restore_device = device
+
+
+def _log_fallback(e: BaseException, what: str) -> None:
+    """One warning line with the reason (the traceback at debug level)."""
+    log.warning("wcached: %s: %s; %s", type(e).__name__, e, what)
+    log.debug("wcached: why the cache was not used", exc_info=e)
+
+
+def mapped_weight_bytes(manifest: Any) -> int:
+    """Device bytes an engine maps from the daemon and does not copy: the
+    parameters (buffers are copied into the engine's own memory)."""
+    return sum(t.nbytes for t in manifest.tensors if t.alias_of is None and t.kind == "param")
+
+
+def _advise_memory(vllm_config: Any, att: Any) -> None:
+    """On a GPU, with a vLLM that has no hook for external weight memory, the
+    KV cache is sized as if the mapped weights were free memory: say which
+    gpu_memory_utilization gives the KV cache a disk engine would get."""
+    from vllm.model_executor.model_loader.base_loader import BaseModelLoader
+
+    if hasattr(BaseModelLoader, "get_external_weight_memory"):
+        return
+    segments = att.manifest.segments
+    if not segments or segments[0].backend != "cuda":
+        return
+    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    mapped = sum(s.nbytes for s in segments)
+    util = vllm_config.cache_config.gpu_memory_utilization
+    log.warning(
+        "wcached: this vLLM does not count the %.2f GiB of weights mapped from wcached "
+        "(%.1f%% of this GPU) against gpu_memory_utilization=%.3g; for the KV cache an engine "
+        "loading from disk gets, set gpu_memory_utilization=%.3f",
+        mapped / 2**30,
+        100 * mapped / total,
+        util,
+        util - mapped / total,
+    )
+
+
+def _current_device() -> str:
+    from vllm.platforms import current_platform
+
+    return current_platform.device_type
+
+
+def _current_vllm_config() -> Any:
+    from vllm.config import get_current_vllm_config
+
+    return get_current_vllm_config()

@@ -1,0 +1,209 @@
+"""The loader contract, and how loaders are found.
+
+A loader is a plugin named in the ``wcached.loaders`` entry-point group (the
+daemon and the loader worker look it up the same way). The object an entry
+point names provides:
+
+- ``name`` and ``options``: its ``[[model]]`` table as a msgspec struct, a
+  subclass of :class:`ModelConfig` tagged by ``loader``; the config file's
+  validation, ``check-config`` and the configuration reference all come from
+  it;
+- ``key(...)``: the one function that says what identifies this loader's
+  cached weights. The fill calls it for the key it stores, and an engine-side
+  integration calls the same function with its own configuration for the key
+  it expects, so the two cannot drift apart;
+- ``fill(model, backend, instance, progress)``: runs in the loader worker,
+  returns the :class:`~wcached.loaders.layout.FilledModel`;
+- ``environment(model, python)``: what a fill depended on besides its table
+  and checkpoint (the vLLM release), so that a restore after a restart can
+  tell a stale fill.
+
+The module an entry point names must import without torch or vLLM: the daemon
+imports it to validate its config. Heavy imports belong inside ``fill``.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+import re
+from importlib.metadata import entry_points
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
+
+import msgspec
+
+from wcached.errors import ConfigError
+
+if TYPE_CHECKING:
+    from wcached.device import Device
+    from wcached.keys import CacheKey
+    from wcached.loaders.layout import FilledModel
+    from wcached.memory.base import MemoryBackend, ProgressFn
+
+ENTRY_POINT_GROUP = "wcached.loaders"
+DEFAULT_LOADER = "safetensors"
+# The loaders this package ships, also declared as entry points in
+# pyproject.toml: found even where the package runs without its metadata
+# (the .deb's /usr/lib/wcached).
+BUILTIN_LOADERS = {
+    "safetensors": "wcached.loaders.safetensors:LOADER",
+    "vllm": "wcached.loaders.vllm:LOADER",
+}
+
+CastDtype = Literal["auto", "float16", "bfloat16", "float32"]
+
+_SIZE_RE = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB|TiB|KB|MB|GB|TB)?\s*$")
+_SIZE_UNITS = {
+    None: 1,
+    "B": 1,
+    "KiB": 1 << 10,
+    "MiB": 1 << 20,
+    "GiB": 1 << 30,
+    "TiB": 1 << 40,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+}
+
+
+def parse_size(value: int | str, key: str, path: str | None = None) -> int:
+    """``4294967296`` or ``"4GiB"`` -> bytes."""
+    if isinstance(value, int):
+        if value <= 0:
+            raise ConfigError(path, key, f"must be a positive size, got {value}")
+        return value
+    m = _SIZE_RE.match(value)
+    if not m:
+        raise ConfigError(path, key, f"not a size: {value!r} (write e.g. 4GiB or 512MiB)")
+    size = int(m.group(1)) * _SIZE_UNITS[m.group(2)]
+    if size <= 0:
+        raise ConfigError(path, key, f"must be a positive size, got {value!r}")
+    return size
+
+
+class ModelConfig(
+    msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True, tag_field="loader", tag=True
+):
+    """What every ``[[model]]`` table has, whichever loader fills it.
+
+    Each loader's options subclass this with ``tag="<loader name>"``; the
+    ``loader`` key of a table picks the subclass.
+    """
+
+    name: str
+    # A checkpoint directory or file (relative paths are relative to the
+    # config file).
+    path: str
+    # "auto" keeps the checkpoint's dtypes; a float dtype casts floating tensors.
+    dtype: CastDtype = "auto"
+    # Every tensor starts at a multiple of this many bytes (a power of two).
+    alignment: int = 256
+    # Device memory is allocated in segments of this size ("4GiB", "512MiB");
+    # a tensor larger than it gets a segment of its own.
+    segment_size: int | str = "4GiB"
+    # How the cache key identifies the checkpoint: "header" hashes file
+    # names, sizes and headers; "content" hashes every byte.
+    fingerprint: Literal["header", "content"] = "header"
+    # Record a per-tensor xxh3-128 digest (for `wcached verify`).
+    digest: bool = True
+    # Threads reading the checkpoint; "auto" = one per core, at most 16.
+    read_threads: int | Literal["auto"] = "auto"
+    # A fill that makes no progress for this long fails (exit 75, retried by
+    # the unit), naming why.
+    fill_timeout_s: float = 900.0
+
+    # A hub id (not a local path) is allowed: the loader resolves it.
+    accepts_remote_path: ClassVar[bool] = False
+
+    @property
+    def loader(self) -> str:
+        return type(self).__struct_config__.tag  # type: ignore[return-value]
+
+    @property
+    def segment_bytes(self) -> int:
+        return parse_size(self.segment_size, "segment_size")
+
+    @property
+    def reader_count(self) -> int:
+        if self.read_threads == "auto":
+            return max(1, min(16, os.cpu_count() or 1))
+        return self.read_threads
+
+    def problems(self) -> list[tuple[str, str]]:
+        """(key, problem) for every invalid setting; subclasses add theirs."""
+        out: list[tuple[str, str]] = []
+        if not re.fullmatch(r"[A-Za-z0-9._:/-]{1,128}", self.name):
+            out.append(("name", f"invalid model name {self.name!r}"))
+        a = self.alignment
+        if a < 1 or a & (a - 1) or a > (2 << 20):
+            out.append(("alignment", f"must be a power of two <= 2MiB, got {a}"))
+        try:
+            parse_size(self.segment_size, "segment_size")
+        except ConfigError as e:
+            out.append(("segment_size", e.problem))
+        if self.read_threads != "auto" and self.read_threads < 1:
+            out.append(("read_threads", "must be >= 1"))
+        if self.fill_timeout_s <= 0:
+            out.append(("fill_timeout_s", "must be > 0"))
+        return out
+
+    def for_device(self, device: Device) -> ModelConfig:
+        """This table as the worker of ``device``'s instance needs it
+        (instance names written the operator's way made canonical)."""
+        return self
+
+    def stall_hint(self) -> str:
+        """The likely reason when this model's fill stops progressing."""
+        return f"a checkpoint read that hangs (a network filesystem?) at {self.path}?"
+
+
+class Loader(Protocol):
+    name: str
+    options: type[ModelConfig]
+
+    def key(self, *args: Any, **kwargs: Any) -> CacheKey: ...
+
+    def fill(
+        self, model: ModelConfig, backend: MemoryBackend, instance: str, progress: ProgressFn
+    ) -> FilledModel: ...
+
+    def environment(self, model: ModelConfig, python: str) -> str: ...
+
+
+@functools.cache
+def _targets() -> dict[str, str]:
+    targets = dict(BUILTIN_LOADERS)
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        targets[ep.name] = ep.value
+    return targets
+
+
+def loader_names() -> frozenset[str]:
+    return frozenset(_targets())
+
+
+@functools.cache
+def get_loader(name: str) -> Loader:
+    """The plugin object of loader ``name`` (imported on first use)."""
+    target = _targets().get(name)
+    if target is None:
+        raise KeyError(name)
+    module_name, _, attr = target.partition(":")
+    obj: Any = importlib.import_module(module_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    if obj.name != name or not (isinstance(obj.options, type) and issubclass(obj.options, ModelConfig)):
+        raise TypeError(f"entry point {name} = {target!r} is not a wcached loader")
+    return obj
+
+
+def options_for(name: str) -> type[ModelConfig]:
+    return get_loader(name).options
+
+
+def model_from_builtins(raw: dict[str, Any]) -> ModelConfig:
+    """A ``[[model]]`` table sent as builtins (``loader`` tag included) back
+    as its loader's options struct."""
+    return msgspec.convert(raw, options_for(raw.get("loader", DEFAULT_LOADER)))
