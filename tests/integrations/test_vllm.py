@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -163,3 +164,133 @@ def test_content_fingerprint_lets_verify_see_a_rewrite_that_hides_its_time(
         bad = subprocess.run(argv, capture_output=True, text=True, timeout=300)
         assert bad.returncode == 1, bad.stdout + bad.stderr
         assert "its bytes differ from those the fill read" in bad.stdout
+
+
+BLOCKER = Path(__file__).with_name("block_import")
+
+
+def _blocked(importer: str, module: str) -> dict[str, str]:
+    return {
+        "PYTHONPATH": f"{BLOCKER}:{os.environ.get('PYTHONPATH', '')}",
+        "WCACHED_TEST_BLOCK_IMPORT": f"{importer}:{module}",
+    }
+
+
+def test_vllm_starts_normally_when_the_plugin_cannot_register(
+    vllm_python: str, model_dir: Path, disk: dict
+) -> None:
+    """vLLM runs register() in every process: an internal it imports that
+    this vLLM lacks is a warning there, and other load formats work."""
+    env = {
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        **_blocked("wcached.integrations.vllm", "vllm.model_executor.model_loader"),
+    }
+    out = run_engine(vllm_python, str(model_dir), {}, env)
+    assert out["rc"] == 0, out["log"][-4000:]
+    assert "--load-format wcache is unavailable with this vLLM" in out["log"]
+    assert out["tokens"] == disk["tokens"]
+
+
+def test_a_missing_vllm_internal_loads_from_disk_with_a_warning(
+    vllm_python: str, work: Path, model_dir: Path, disk: dict
+) -> None:
+    """The binding's own imports (initialize_model, ...) happen on first
+    use: a vLLM that moved one falls back to disk, naming it."""
+    cfg = vllm_daemon_config(vllm_python, work, model_dir)
+    with run_daemon(cfg, timeout=300) as d:
+        env = {
+            "VLLM_CPU_KVCACHE_SPACE": "1",
+            **_blocked("wcached.integrations.vllm_bind", "vllm.model_executor.model_loader.utils"),
+        }
+        extra = {"socket_dir": d.socket_dir}
+        out = run_engine(
+            vllm_python, str(model_dir), {"load_format": "wcache", "model_loader_extra_config": extra}, env
+        )
+    assert out["rc"] == 0, out["log"][-4000:]
+    assert "cannot work with this vLLM (ImportError" in out["log"] and "from disk instead" in out["log"]
+    assert out["tokens"] == disk["tokens"]
+
+
+def test_reload_weights_errors_in_zero_copy_and_works_in_copy_mode(
+    vllm_python: str, work: Path, model_dir: Path, disk: dict
+) -> None:
+    cfg = vllm_daemon_config(vllm_python, work, model_dir)
+    with run_daemon(cfg, timeout=300) as d:
+        zero = engine(
+            vllm_python,
+            model_dir,
+            load_format="wcache",
+            model_loader_extra_config={"socket_dir": d.socket_dir, "fallback": False},
+            _rpc="reload_weights",
+        )
+        copy = engine(
+            vllm_python,
+            model_dir,
+            load_format="wcache",
+            model_loader_extra_config={"socket_dir": d.socket_dir, "fallback": False, "copy": True},
+            _rpc="reload_weights",
+        )
+    assert zero["rc"] == 0, zero["log"][-4000:]
+    assert "ReadOnlyWeights" in zero["rpc"] and '"copy": true' in zero["rpc"], zero["rpc"]
+    assert zero["tokens_after_rpc"] == disk["tokens"]
+    assert copy["rc"] == 0, copy["log"][-4000:]
+    assert copy["rpc"] == "ok" and ", copied)" in copy["log"]
+    assert copy["tokens"] == disk["tokens"] and copy["tokens_after_rpc"] == disk["tokens"]
+
+
+def test_a_quantization_vllm_cannot_take_back_processed_is_refused_at_fill(
+    vllm_python: str, work: Path
+) -> None:
+    """AWQ's post-processing repacks every layer in each engine: filling it
+    would hand engines weights they all copy. Exit 78, the method named."""
+    from tests.integrations.checkpoints import generate_awq_llama
+
+    ckpt = generate_awq_llama(work / "awq")
+    cfg = vllm_daemon_config(vllm_python, work, ckpt, dtype="float16")
+    r = subprocess.run(
+        [os.sys.executable, "-m", "wcached", "serve", "cpu0", "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 78, r.stdout[-3000:] + r.stderr[-3000:]
+    assert re.search(r"quantization 'awq' \(\w+AWQ\w*Method, layer model\.layers\.0\.", r.stderr), r.stderr[
+        -2000:
+    ]
+    assert not os.path.exists(work / "run" / "cpu0.sock")
+
+
+def test_a_draft_model_attaches_to_its_own_model_of_the_daemon(
+    vllm_python: str, work: Path, model_dir: Path
+) -> None:
+    """Speculative decoding with a draft model: the daemon holds target and
+    draft, the engine attaches both (the draft by draft_model)."""
+    draft_dir = generate_llama(work / "draft", seed=7)
+    spec = {"method": "draft_model", "model": str(draft_dir), "num_speculative_tokens": 2}
+    disk_spec = engine(vllm_python, model_dir, speculative_config=spec)
+    if (
+        disk_spec["rc"] != 0
+        and "draft" in disk_spec["log"][-3000:].lower()
+        and "not supported" in disk_spec["log"]
+    ):
+        pytest.skip("this vLLM runs no draft model on CPU (the GPU machine runs it)")
+    assert disk_spec["rc"] == 0, disk_spec["log"][-4000:]
+    cfg = vllm_daemon_config(vllm_python, work, model_dir)
+    text = cfg.read_text() + (
+        f'\n[[model]]\nname = "draft"\npath = "{draft_dir}"\nloader = "vllm"\nrole = "draft"\n'
+        'dtype = "bfloat16"\nengine_args = { max_model_len = 256, enforce_eager = true }\n'
+    )
+    cfg.write_text(text)
+    with run_daemon(cfg, timeout=400) as d:
+        extra = {"socket_dir": d.socket_dir, "fallback": False, "draft_model": "draft"}
+        out = engine(
+            vllm_python,
+            model_dir,
+            load_format="wcache",
+            model_loader_extra_config=extra,
+            speculative_config=spec,
+        )
+    assert out["rc"] == 0, out["log"][-4000:]
+    assert re.search(r"wcached: bound \d+ tensors of default ", out["log"]), out["log"][-3000:]
+    assert re.search(r"wcached: bound \d+ tensors of draft ", out["log"]), out["log"][-3000:]
+    assert out["tokens"] == disk_spec["tokens"]

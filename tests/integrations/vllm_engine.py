@@ -25,6 +25,8 @@ def main() -> None:
     from vllm.inputs import TokensPrompt
 
     model, overrides = sys.argv[1], json.loads(sys.argv[2])
+    # A worker method to call after the first generation ("reload_weights").
+    rpc = overrides.pop("_rpc", None)
     kwargs = dict(
         model=model,
         skip_tokenizer_init=True,
@@ -42,16 +44,21 @@ def main() -> None:
     first_token_s = time.perf_counter() - t0
     params = SamplingParams(temperature=0, max_tokens=12, detokenize=False)
     outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in PROMPTS], params, use_tqdm=False)
-    print(
-        "RESULT "
-        + json.dumps(
-            {
-                "tokens": [list(o.outputs[0].token_ids) for o in outs],
-                "init_s": init_s,
-                "first_token_s": first_token_s,
-            }
-        )
-    )
+    result = {
+        "tokens": [list(o.outputs[0].token_ids) for o in outs],
+        "init_s": init_s,
+        "first_token_s": first_token_s,
+    }
+    if rpc:
+        try:
+            llm.collective_rpc(rpc)
+            result["rpc"] = "ok"
+        except Exception as e:
+            result["rpc"] = f"{type(e).__name__}: {e}"
+        # The engine goes on serving either way.
+        outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in PROMPTS], params, use_tqdm=False)
+        result["tokens_after_rpc"] = [list(o.outputs[0].token_ids) for o in outs]
+    print("RESULT " + json.dumps(result))
 
 
 def run_engine(python: str, model: str, overrides: dict, env: dict[str, str], timeout: float = 600) -> dict:

@@ -65,7 +65,8 @@ def parse_options(extra: dict[str, Any] | None) -> PluginOptions:
     unknown = sorted(set(extra) - set(known))
     if unknown:
         raise ValueError(
-            f"unknown model_loader_extra_config keys for load format {LOAD_FORMAT!r}: {unknown}; known: {known}"
+            f"unknown model_loader_extra_config keys for load format {LOAD_FORMAT!r}: {unknown}; "
+            f"known: {known}"
         )
     try:
         # Not strict: "true" from a command line is a boolean.

@@ -221,7 +221,7 @@ def build_model(model: VllmModel, instance: str, device_type: str) -> BuiltModel
                 form = "processed"
     processed = [name for name, m in net.named_modules() if getattr(m, PROCESSED_GUARD, False)]
     if form == "loaded":
-        refuse_post_processed(model, net, set(processed))
+        refuse_post_processed(model.name, model_config.quantization, net, set(processed))
     return BuiltModel(vllm_config, net.eval(), form, rank, key, processed)
 
 
@@ -230,7 +230,7 @@ def build_model(model: VllmModel, instance: str, device_type: str) -> BuiltModel
 TAKES_LOADED_FORM = ("UnquantizedLinearMethod", "UnquantizedEmbeddingMethod", "UnquantizedFusedMoEMethod")
 
 
-def refuse_post_processed(model: VllmModel, net: Any, processed: set[str]) -> None:
+def refuse_post_processed(name: str, quantization: str | None, net: Any, processed: set[str]) -> None:
     """The loaded form is post-processed by each engine: a quant method that
     rewrites its weights then (repacking, transposing) would leave every
     engine a full copy of its own beside the daemon's, or write into
@@ -240,24 +240,19 @@ def refuse_post_processed(model: VllmModel, net: Any, processed: set[str]) -> No
     try:
         from vllm.model_executor.layers.quantization.kv_cache import BaseKVCacheMethod
     except ImportError:
-        BaseKVCacheMethod = ()  # noqa: N806
-    for name, module in net.named_modules():
+        BaseKVCacheMethod = ()
+    for layer, module in net.named_modules():
         method = getattr(module, "quant_method", None)
-        if method is None or name in processed or isinstance(method, BaseKVCacheMethod):
+        if method is None or layer in processed or isinstance(method, BaseKVCacheMethod):
             continue
         if type(method).__name__ in TAKES_LOADED_FORM:
             continue
-        quantization = net_quantization(model)
         raise UnservableModel(
-            f"model {model.name!r}: quantization {quantization!r} ({type(method).__name__}, layer {name}) "
+            f"model {name!r}: quantization {quantization!r} ({type(method).__name__}, layer {layer}) "
             "post-processes its weights in each engine, and this vLLM cannot take them back already "
             'processed; serve this model from disk, or quantize it online (quantization = "fp8" '
             "over an unquantized checkpoint)"
         )
-
-
-def net_quantization(model: VllmModel) -> str:
-    return str(model.engine_args.get("quantization") or "from the checkpoint's quantization_config")
 
 
 def _create_and_load(loader: Any, vllm_config: Any, model_config: Any) -> Any:

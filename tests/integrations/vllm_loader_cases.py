@@ -1,0 +1,93 @@
+"""vLLM's own loader for ``--load-format wcache``, once per case, in one process.
+
+Run with a vLLM interpreter by the tests:
+    python vllm_loader_cases.py MODEL_DIR CASES_JSON
+Each case is ``{"name", "extra": model_loader_extra_config, "engine": EngineArgs
+overrides, "write": bool}``. For each, this builds the engine's config, gets the
+loader vLLM would (``get_model_loader``) and calls ``load_model`` exactly as an
+engine worker does; it prints ``CASE {json}`` with the outcome (``cache``,
+``disk`` or ``error``), the error's type and message, the plugin's log lines,
+and with ``write`` what writing the weights (the model's ``load_weights``)
+raised. One process for all cases: an engine start per case would take
+minutes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import sys
+
+
+class Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def main() -> None:
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.model_executor.model_loader import get_model_loader
+
+    model_dir, cases = sys.argv[1], json.loads(sys.argv[2])
+    lines = Lines()
+    logging.getLogger("vllm.plugins.wcached").addHandler(lines)
+    started = False
+    for case in cases:
+        args = dict(
+            model=model_dir,
+            dtype="bfloat16",
+            skip_tokenizer_init=True,
+            max_model_len=256,
+            enforce_eager=True,
+            load_format="wcache",
+            model_loader_extra_config=case.get("extra", {}),
+        )
+        args.update(case.get("engine", {}))
+        vllm_config = EngineArgs(**args).create_engine_config()
+        lines.lines.clear()
+        out: dict = {"name": case["name"]}
+        with set_current_vllm_config(vllm_config):
+            if not started:
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", 0))
+                    port = s.getsockname()[1]
+                init_distributed_environment(1, 0, f"tcp://127.0.0.1:{port}", 0, backend="gloo")
+                ensure_model_parallel_initialized(1, 1)
+                try:
+                    import torch
+                    from vllm.v1.worker.workspace import init_workspace_manager
+
+                    init_workspace_manager(torch.device("cpu"))
+                except ImportError:
+                    pass
+                started = True
+            try:
+                loader = get_model_loader(vllm_config.load_config)
+                model = loader.load_model(vllm_config=vllm_config, model_config=vllm_config.model_config)
+                out["outcome"] = "cache" if any("wcached: bound" in x for x in lines.lines) else "disk"
+                out["zero_copy"] = hasattr(model, "_wcached_attachment")
+                if case.get("write"):
+                    try:
+                        model.load_weights(iter([]))
+                        out["write"] = "ok"
+                    except Exception as e:
+                        out["write"] = f"{type(e).__name__}: {e}"
+                att = getattr(model, "_wcached_attachment", None)
+                if att is not None:
+                    att.close()
+            except Exception as e:
+                out["outcome"] = "error"
+                out["error"] = f"{type(e).__name__}: {e}"
+        out["log"] = list(lines.lines)
+        print("CASE " + json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()
