@@ -13,8 +13,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -31,9 +33,10 @@ pytestmark = pytest.mark.slow
 CASES_SCRIPT = Path(__file__).with_name("vllm_loader_cases.py")
 
 
-def _squatter(socket_dir: Path) -> subprocess.Popen:
-    """A socket served by another user (nobody): a client must not trust it."""
-    socket_dir.mkdir(parents=True)
+def _squatter() -> tuple[subprocess.Popen, Path]:
+    """A socket served by another user (nobody): a client must not trust it.
+    In a directory of its own under /tmp (pytest's are root's, mode 0700)."""
+    socket_dir = Path(tempfile.mkdtemp(prefix="wcached-squat-"))
     os.chmod(socket_dir, 0o777)
     code = (
         "import socket, sys, time\n"
@@ -46,7 +49,7 @@ def _squatter(socket_dir: Path) -> subprocess.Popen:
         [sys.executable, "-c", code], user="nobody", group="nogroup", stdout=subprocess.PIPE, cwd="/"
     )
     assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
-    return proc
+    return proc, socket_dir
 
 
 @pytest.fixture(scope="module")
@@ -73,11 +76,11 @@ def outcomes(vllm_python: str, tmp_path_factory) -> dict[str, dict]:  # noqa: F8
             Proxy(work / "next", upstream, "next"),
             Proxy(work / "corrupt", upstream, "corrupt"),
         ]
-        squatter = _squatter(work / "squatted")
+        squatter, squat_dir = _squatter()
         # The one connection the full daemon allows; released later.
         holder = DaemonConnection(full.socket_path, timeout=10, client="holder")
-        names = ("silent", "garbage", "v9", "v1", "next", "corrupt", "squatted")
-        d = {name: str(work / name) for name in names}
+        names = ("silent", "garbage", "v9", "v1", "next", "corrupt")
+        d = {name: str(work / name) for name in names} | {"squatted": str(squat_dir)}
         real_dir, off, f16 = real.socket_dir, {"fallback": False}, {"dtype": "float16"}
         cases = [
             {"name": "cache", "extra": {"socket_dir": real_dir}, "write": True},
@@ -111,7 +114,7 @@ def outcomes(vllm_python: str, tmp_path_factory) -> dict[str, dict]:  # noqa: F8
             # Released after the busy cases: a released model answers as one.
             holder.close()
             released = subprocess.run(
-                [sys.executable, "-m", "wcached", "release", "cpu0", "default", "--config", str(small)],
+                [sys.executable, "-m", "wcached", "release", "cpu0", "--model", "default", "--config", str(small)],
                 capture_output=True,
                 text=True,
             )
@@ -130,6 +133,7 @@ def outcomes(vllm_python: str, tmp_path_factory) -> dict[str, dict]:  # noqa: F8
             )
         finally:
             squatter.kill()
+            shutil.rmtree(squat_dir, ignore_errors=True)
             for s in servers:
                 s.close()
         hellos = {name: s.hellos for name, s in zip(("v1", "next"), servers[3:5], strict=True)}

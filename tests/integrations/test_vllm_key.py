@@ -41,10 +41,15 @@ VARIANTS: dict[str, tuple[dict, list[str]]] = {
     "architecture": ({"model": "mistral"}, ["extra.architecture", "extra.config"]),
     "path_spelling": ({"model": "current/"}, []),
     "max_model_len": ({"engine": {"max_model_len": 128}}, []),
-    # Against a mixture of experts without expert parallelism.
+    # Against a mixture of experts without expert parallelism: experts are
+    # then sharded over tp x dp, so the data-parallel layout joins the key.
     "expert_parallel": (
         {"model": "moe", "engine": {"enable_expert_parallel": True}},
-        ["extra.parallel.enable_expert_parallel"],
+        [
+            "extra.parallel.data_parallel_rank",
+            "extra.parallel.data_parallel_size",
+            "extra.parallel.enable_expert_parallel",
+        ],
     ),
 }
 

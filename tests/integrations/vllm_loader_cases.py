@@ -18,6 +18,7 @@ import json
 import logging
 import socket
 import sys
+import traceback
 
 
 class Lines(logging.Handler):
@@ -37,7 +38,7 @@ def main() -> None:
 
     model_dir, cases = sys.argv[1], json.loads(sys.argv[2])
     lines = Lines()
-    logging.getLogger("vllm.plugins.wcached").addHandler(lines)
+    plugin_log = logging.getLogger("vllm.plugins.wcached")
     started = False
     for case in cases:
         args = dict(
@@ -51,6 +52,9 @@ def main() -> None:
         )
         args.update(case.get("engine", {}))
         vllm_config = EngineArgs(**args).create_engine_config()
+        # vLLM re-runs dictConfig, which empties its child loggers' handlers.
+        if lines not in plugin_log.handlers:
+            plugin_log.addHandler(lines)
         lines.lines.clear()
         out: dict = {"name": case["name"]}
         with set_current_vllm_config(vllm_config):
@@ -60,6 +64,14 @@ def main() -> None:
                     port = s.getsockname()[1]
                 init_distributed_environment(1, 0, f"tcp://127.0.0.1:{port}", 0, backend="gloo")
                 ensure_model_parallel_initialized(1, 1)
+                # What vLLM's CPU model runner does first: torch.accelerator
+                # calls (vLLM's loaders empty its cache) become no-ops.
+                try:
+                    from vllm.v1.worker.cpu_model_runner import _set_torch_accelerator_to_noop
+
+                    _set_torch_accelerator_to_noop()
+                except ImportError:  # older vLLM: nothing to do
+                    pass
                 try:
                     import torch
                     from vllm.v1.worker.workspace import init_workspace_manager
@@ -85,6 +97,7 @@ def main() -> None:
             except Exception as e:
                 out["outcome"] = "error"
                 out["error"] = f"{type(e).__name__}: {e}"
+                out["traceback"] = traceback.format_exc()[-3000:]
         out["log"] = list(lines.lines)
         print("CASE " + json.dumps(out), flush=True)
 

@@ -312,6 +312,7 @@ class Server:
 
     def _attach(self, chan: Channel, session: Session, req: Attach, timeout: float) -> None:
         held = self._model(req.model)
+        held.check_served()
         fields = mismatched_fields(held.manifest.key, req.expect)
         if fields:
             message = describe_mismatch(held.manifest.key, req.expect, fields)

@@ -27,9 +27,13 @@ class HeldModel:
         """Duplicates to send, so a concurrent release never closes an fd that
         is being sent; the caller closes them after sending."""
         with self._lock:
-            if self.released_at is not None:
-                raise ModelReleased(f"model {self.name!r} was released; restart the daemon to refill")
+            self.check_served()
             return [os.dup(fd) for fd in self._fds]
+
+    def check_served(self) -> None:
+        """A released model holds nothing: that comes before any key."""
+        if self.released_at is not None:
+            raise ModelReleased(f"model {self.name!r} was released; restart the daemon to refill")
 
     @property
     def fds(self) -> list[int]:

@@ -53,6 +53,7 @@ class WcacheLoading:
             )
             return self._from_disk(vllm_config, model_config, prefix, started)
         att = None
+        registered = _LayerRegistry(vllm_config)
         try:
             early = _EARLY.pop(self._early_key(name), None)
             if early is _DISK:
@@ -66,6 +67,9 @@ class WcacheLoading:
                 att.close()
             if not self.options.fallback or getattr(e, "_wcached_disk", False):
                 raise
+            # The model built for binding registered its attention layers
+            # by name: the disk load registers them again.
+            registered.forget_new()
             _log_fallback(e, f"loading {model_config.model} from disk instead")
             return self._from_disk(vllm_config, model_config, prefix, started)
         if self.options.copy:
@@ -223,6 +227,25 @@ class WcacheLoading:
         if self.options.copy:
             _reload_on(model, device)
         return model.eval()
+
+
+class _LayerRegistry:
+    """The layers a model registered in vLLM's forward context while it was
+    built, so that a model given up can take them back out."""
+
+    def __init__(self, vllm_config: Any):
+        self.config = getattr(vllm_config, "compilation_config", None)
+        self.names = set(getattr(self.config, "static_forward_context", {}))
+        self.moe = list(getattr(self.config, "static_all_moe_layers", []) or [])
+
+    def forget_new(self) -> None:
+        context = getattr(self.config, "static_forward_context", None)
+        if context is not None:
+            for name in set(context) - self.names:
+                del context[name]
+        moe = getattr(self.config, "static_all_moe_layers", None)
+        if isinstance(moe, list):
+            moe[:] = self.moe
 
 
 def register_all(model: nn.Module, att: Any, strict: bool, skip: set[str], copy: bool = False) -> None:
