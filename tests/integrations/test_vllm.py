@@ -231,7 +231,9 @@ def test_reload_weights_errors_in_zero_copy_and_works_in_copy_mode(
             _rpc="reload_weights",
         )
     assert zero["rc"] == 0, zero["log"][-4000:]
-    assert "ReadOnlyWeights" in zero["rpc"] and '"copy": true' in zero["rpc"], zero["rpc"]
+    # vLLM passes the worker's message on (the class name is in the log).
+    assert "read-only mappings" in zero["rpc"] and '"copy": true' in zero["rpc"], zero["rpc"]
+    assert "ReadOnlyWeights" in zero["log"]
     assert zero["tokens_after_rpc"] == disk["tokens"]
     assert copy["rc"] == 0, copy["log"][-4000:]
     assert copy["rpc"] == "ok" and ", copied)" in copy["log"]

@@ -114,7 +114,17 @@ def outcomes(vllm_python: str, tmp_path_factory) -> dict[str, dict]:  # noqa: F8
             # Released after the busy cases: a released model answers as one.
             holder.close()
             released = subprocess.run(
-                [sys.executable, "-m", "wcached", "release", "cpu0", "--model", "default", "--config", str(small)],
+                [
+                    sys.executable,
+                    "-m",
+                    "wcached",
+                    "release",
+                    "cpu0",
+                    "--model",
+                    "default",
+                    "--config",
+                    str(small),
+                ],
                 capture_output=True,
                 text=True,
             )

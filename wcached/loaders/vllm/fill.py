@@ -132,6 +132,9 @@ def build_model(model: VllmModel, instance: str, device_type: str) -> BuiltModel
     if unknown:
         raise FillError(f"model {model.name!r}: unknown vLLM engine_args {unknown}")
     extra: dict[str, Any] = dict(model.engine_args)
+    if model.role == "draft":
+        # Built as vLLM builds a speculative draft (its runner type).
+        extra.setdefault("runner", "draft")
     if tp * pp > 1:
         # Each instance's worker is one rank and sees one GPU; an explicit
         # backend keeps vLLM from asking for all of them in this process
@@ -309,6 +312,26 @@ def group_by_storage(tensors: list[tuple[str, Any, str]], alignment: int = 256) 
     return list(by_storage.values()) + empty
 
 
+def _forget_shared_modules() -> None:
+    """vLLM shares rotary-embedding modules between models of the same shape
+    (``get_rope`` caches them by parameters): a previous fill in this worker
+    copied and freed their buffers, so the next model must build its own."""
+    try:
+        from vllm.model_executor.layers.rotary_embedding import _ROPE_DICT
+    except ImportError:
+        return
+    _ROPE_DICT.clear()
+
+
+def _check_alive(group: _Storage) -> None:
+    """A storage freed by an earlier copy (shared with another model through
+    a cache this worker does not know of) would be read past its end."""
+    storage = group.storage
+    if storage is not None and group.start + group.nbytes > storage.data_ptr() + storage.nbytes():
+        name = group.members[0][0]
+        raise FillError(f"tensor {name} has lost its memory (shared with a model filled before it?)")
+
+
 def _free(storage: Any) -> None:
     # Dropping references is not enough: vLLM keeps some (FSDP2's
     # free_storage does the same).
@@ -335,6 +358,7 @@ def fill(model: VllmModel, backend: MemoryBackend, instance: str, progress: Prog
         with contextlib.suppress(RuntimeError):
             torch.cuda.reset_peak_memory_stats()
     peak = _PeakMemory(backend)
+    _forget_shared_modules()
     built = build_model(model, instance, device_type)
     net = built.net
     peak.sample()
@@ -380,6 +404,7 @@ def fill(model: VllmModel, backend: MemoryBackend, instance: str, progress: Prog
         for i in by_segment[index]:
             group, p = storages[i], placements[i]
             if group.nbytes:
+                _check_alive(group)
                 writer.copy_from_pointer(p.offset, group.start, group.nbytes, None)
             for name, t, kind in group.members:
                 offset = p.offset + (t.data_ptr() - group.start if group.nbytes else 0)

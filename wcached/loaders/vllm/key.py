@@ -248,9 +248,18 @@ def _config_hash(model_config: Any) -> str:
         doc = hf.to_dict() if hasattr(hf, "to_dict") else dict(vars(hf))
         for stamp in ("transformers_version", "_name_or_path"):
             doc.pop(stamp, None)
-    overrides = getattr(model_config, "hf_overrides", None)
+    overrides = getattr(model_config, "hf_overrides", None) or None
     if callable(overrides):
-        overrides = f"{overrides.__module__}.{overrides.__qualname__}"
+        # vLLM's own transforms (a speculative draft's) follow from the
+        # config and the vLLM release, both in the key; another callable is
+        # named (its effect cannot be hashed).
+        parts = [getattr(overrides, "func", overrides), *getattr(overrides, "args", ())]  # a partial
+        named = [
+            f"{f.__module__}.{getattr(f, '__qualname__', f)}"
+            for f in parts
+            if callable(f) and not str(getattr(f, "__module__", "")).startswith("vllm.")
+        ]
+        overrides = named or None
     payload = json.dumps({"config": doc, "hf_overrides": overrides}, sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:32]
 
