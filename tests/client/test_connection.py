@@ -60,3 +60,39 @@ def test_trusted_daemon_users_from_the_environment(monkeypatch) -> None:
     assert trusted_daemon_uids() == {0, os.geteuid(), nobody}
     monkeypatch.delenv("WCACHED_DAEMON_USERS")
     assert nobody not in trusted_daemon_uids()
+
+
+def test_a_version_1_daemon_is_greeted_again_at_version_1(work: Path, tmp_path: Path) -> None:
+    """The first release's daemons wanted exactly version 1 and knew no
+    range: refused at this release's version, the client greets at 1."""
+    from tests.helpers import one_model_config, run_daemon
+    from tests.integrations.fake_daemons import Proxy
+    from wcached.client import attach
+    from wcached.demo import generate_llama
+
+    ckpt = generate_llama(tmp_path / "model")
+    with run_daemon(one_model_config(work, ckpt)) as d:
+        proxy = Proxy(tmp_path / "v1", d.socket_path, "v1")
+        try:
+            with attach("default", "cpu0", socket_dir=str(tmp_path / "v1")) as a:
+                assert a.connection.welcome.version == 1 and a.tensors
+        finally:
+            proxy.close()
+    assert [h["version"] for h in proxy.hellos] == [2, 1]
+    assert "min_version" not in proxy.hellos[1]
+
+
+def test_a_later_daemon_with_unknown_fields_is_attached(work: Path, tmp_path: Path) -> None:
+    from tests.helpers import one_model_config, run_daemon
+    from tests.integrations.fake_daemons import Proxy
+    from wcached.client import attach
+    from wcached.demo import generate_llama
+
+    ckpt = generate_llama(tmp_path / "model")
+    with run_daemon(one_model_config(work, ckpt)) as d:
+        proxy = Proxy(tmp_path / "next", d.socket_path, "next")
+        try:
+            with attach("default", "cpu0", socket_dir=str(tmp_path / "next")) as a:
+                assert a.connection.welcome.version == 2 and a.tensors
+        finally:
+            proxy.close()

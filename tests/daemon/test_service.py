@@ -376,6 +376,10 @@ def test_status_and_release(cpu_config: Path) -> None:
         assert a.tensors["embed.weight"].float().abs().sum() > 0
         with pytest.raises(ModelReleased):
             attach("default", "cpu0", socket_dir=d.socket_dir)
+        # Released comes before any key: not a mismatch to fall back from
+        # as if another model were there.
+        with pytest.raises(ModelReleased):
+            attach("default", "cpu0", socket_dir=d.socket_dir, expect={"dtype": "float16"})
         a.close()
     r = subprocess.run([*cmd, "status", "--config", str(cpu_config)], capture_output=True, text=True)
     assert r.returncode == 3

@@ -203,3 +203,66 @@ def test_tensor_parallel_2_daemons_on_gpu0_and_gpu1(work: Path, model_dir: Path)
             d.notify.close()
     assert out["tokens"] == disk["tokens"]
     record("tp2_gpu0_gpu1", kv_gib_disk=disk["kv_gib"], kv_gib_wcache=out["kv_gib"])
+
+
+def test_copy_mode_and_read_only_weights_on_gpu(work: Path, model_dir: Path) -> None:
+    """Zero-copy: reload_weights is refused with the fix named, the engine
+    keeps serving. Copy mode: the engine's own copy, which reload_weights
+    rewrites from disk; both generate the disk engine's tokens."""
+    disk = engine(model_dir)
+    assert disk["rc"] == 0, disk["log"][-4000:]
+    cfg = _config(work, model_dir)
+    with run_daemon(cfg, "0", timeout=600) as d:
+        _, share = weights_share(cfg)
+        extra = {"socket_dir": d.socket_dir, "fallback": False}
+        util = round(UTILIZATION - share, 4)
+        zero = engine(
+            model_dir,
+            load_format="wcache",
+            model_loader_extra_config=extra,
+            gpu_memory_utilization=util,
+            _rpc="reload_weights",
+        )
+        copy = engine(
+            model_dir,
+            load_format="wcache",
+            model_loader_extra_config={**extra, "copy": True},
+            _rpc="reload_weights",
+        )
+    assert zero["rc"] == 0, zero["log"][-4000:]
+    assert "read-only mappings" in zero["rpc"] and '"copy": true' in zero["rpc"], zero["rpc"]
+    assert zero["tokens"] == disk["tokens"] == zero["tokens_after_rpc"]
+    assert copy["rc"] == 0, copy["log"][-4000:]
+    assert copy["rpc"] == "ok" and ", copied)" in copy["log"], copy.get("rpc")
+    assert copy["tokens"] == disk["tokens"] == copy["tokens_after_rpc"]
+    record("copy_mode_gpu", rpc_zero_copy=zero["rpc"][:120], rpc_copy=copy["rpc"])
+
+
+def test_draft_model_attached_on_gpu(work: Path, model_dir: Path) -> None:
+    # A one-layer model of the target's shape: the same vocabulary.
+    draft_dir = generate_llama(work / "draft", {**LLAMA_1G, "num_hidden_layers": 1}, shards=1, seed=9)
+    spec = {"method": "draft_model", "model": str(draft_dir), "num_speculative_tokens": 2}
+    disk = engine(model_dir, speculative_config=spec)
+    if disk["rc"] != 0:
+        pytest.skip(f"this vLLM runs no draft model here: {disk['log'][-600:]}")
+    cfg = _config(work, model_dir)
+    text = cfg.read_text() + (
+        f'\n[[model]]\nname = "draft"\npath = "{draft_dir}"\nloader = "vllm"\nrole = "draft"\n'
+        'dtype = "bfloat16"\nsegment_size = "256MiB"\n'
+        "engine_args = { max_model_len = 256, enforce_eager = true }\n"
+    )
+    cfg.write_text(text)
+    with run_daemon(cfg, "0", timeout=600) as d:
+        _, share = weights_share(cfg)
+        extra = {"socket_dir": d.socket_dir, "fallback": False, "draft_model": "draft"}
+        out = engine(
+            model_dir,
+            load_format="wcache",
+            model_loader_extra_config=extra,
+            speculative_config=spec,
+            gpu_memory_utilization=round(UTILIZATION - share, 4),
+        )
+    assert out["rc"] == 0, out["log"][-4000:]
+    assert re.search(r"wcached: bound \d+ tensors of draft ", out["log"]), out["log"][-3000:]
+    assert out["tokens"] == disk["tokens"]
+    record("draft_gpu", tokens_equal=True)

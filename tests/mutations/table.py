@@ -176,4 +176,37 @@ MUTATIONS: tuple[Mutation, ...] = (
         "            if False:",
         ("tests/test_verify.py::test_verify_passes_then_names_a_tensor_rewritten_in_place",),
     ),
+    Mutation(
+        "a released model answers by its key",
+        "wcached/daemon/server.py",
+        "        held.check_served()\n",
+        "",
+        ("tests/daemon/test_service.py::test_status_and_release",),
+    ),
+    Mutation(
+        "no second greeting at protocol version 1",
+        "wcached/client/connection.py",
+        "                version = 1\n",
+        "                raise\n",
+        ("tests/client/test_connection.py::test_a_version_1_daemon_is_greeted_again_at_version_1",),
+    ),
+    Mutation(
+        "bind takes a tensor of another shape",
+        "wcached/integrations/vllm_bind.py",
+        "    if placeholder.shape != obj.shape or placeholder.dtype != obj.dtype:",
+        "    if False:",
+        (
+            "tests/integrations/test_vllm_fallback.py::"
+            "test_a_corrupted_manifest_shape_is_refused_at_bind_naming_the_tensor[0.32]",
+        ),
+    ),
+    Mutation(
+        "a daemon-side failure is raised despite fallback",
+        "wcached/integrations/vllm_bind.py",
+        '            if not self.options.fallback or getattr(e, "_wcached_disk", False):',
+        "            if True:",
+        (
+            "tests/integrations/test_vllm_fallback.py::test_every_failure_loads_from_disk_and_says_why_once[0.32-busy]",
+        ),
+    ),
 )
