@@ -47,7 +47,7 @@ def problems(cfg: Config) -> list[str]:
     elif os.path.exists(d.socket_dir):
         found.append(f"daemon.socket_dir {d.socket_dir} exists and is not a directory")
     for i, m in enumerate(cfg.model):
-        found += _unreadable(m.path, f"model[{i}] ({m.name})", m.loader)
+        found += _unreadable(m.path, f"model[{i}] ({m.name})", m.accepts_remote_path)
     return found
 
 
@@ -70,9 +70,9 @@ def _foreign_files(socket_dir: str) -> list[str]:
     return out
 
 
-def _unreadable(path: str, what: str, loader: str) -> list[str]:
-    if loader == "vllm" and not os.path.isabs(path):
-        return []  # a hub id
+def _unreadable(path: str, what: str, remote_ok: bool) -> list[str]:
+    if remote_ok and not os.path.isabs(path):
+        return []  # a hub id: the loader resolves it
     me = user_name(os.geteuid())
     if not os.path.exists(path):
         return [f"{what}: {path} does not exist (the daemon would wait for it: exit 69)"]

@@ -1,0 +1,120 @@
+"""The loader contract: loaders are entry points, their options are the
+``[[model]]`` table, their key function is theirs alone."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from wcached.config import load_config
+from wcached.errors import ConfigError
+from wcached.loaders.base import BUILTIN_LOADERS, loader_names, model_from_builtins
+from wcached.loaders.safetensors import SafetensorsModel
+from wcached.loaders.vllm import VllmModel
+
+TOY = textwrap.dedent(
+    """
+    from wcached.keys import CacheKey
+    from wcached.loaders.base import ModelConfig
+
+    class ToyModel(ModelConfig, tag="toy", frozen=True, kw_only=True):
+        colour: str = "red"
+
+        def problems(self):
+            return super().problems() + ([("colour", "no blue")] if self.colour == "blue" else [])
+
+    class ToyLoader:
+        name = "toy"
+        options = ToyModel
+
+        def key(self, model):
+            return CacheKey(model=model.name, loader="toy", fingerprint=model.colour, dtype=model.dtype)
+
+        def fill(self, model, backend, instance, progress):
+            raise NotImplementedError
+
+        def environment(self, model, python):
+            return ""
+
+    LOADER = ToyLoader()
+    """
+)
+
+
+def _install_toy(site: Path) -> None:
+    """A distribution that declares a loader in the wcached.loaders group."""
+    (site / "toy_loader.py").write_text(TOY)
+    info = site / "toy_loader-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-loader\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[wcached.loaders]\ntoy = toy_loader:LOADER\n")
+
+
+def test_a_loader_of_another_distribution_is_found_and_validates_its_table(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    _install_toy(site)
+    cfg = tmp_path / "wcached.toml"
+    cfg.write_text('[[model]]\nname = "m"\npath = "p"\nloader = "toy"\ncolour = "green"\n')
+    probe = textwrap.dedent(
+        f"""
+        import sys
+        sys.path.insert(0, {str(site)!r})
+        from wcached.config import load_config
+        from wcached.errors import ConfigError
+        from wcached.loaders.base import get_loader
+        (m,) = load_config({str(cfg)!r}).model
+        print(type(m).__name__, m.loader, m.colour, get_loader("toy").key(m).fingerprint)
+        open({str(cfg)!r}, "a").write('\\n[[model]]\\nname = "n"\\npath = "p"\\nloader = "toy"\\ncolour = "blue"\\n')
+        try:
+            load_config({str(cfg)!r})
+        except ConfigError as e:
+            print(e.key, e.problem)
+        """
+    )
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["ToyModel toy green green", "model[1].colour no blue"]
+
+
+def test_builtin_loaders_need_no_installed_metadata() -> None:
+    assert set(BUILTIN_LOADERS) <= loader_names()
+
+
+def test_a_table_sent_to_the_worker_comes_back_as_its_loaders_struct() -> None:
+    import msgspec
+
+    v = VllmModel(name="m", path="/p", tensor_parallel_size=2, role="draft")
+    raw = msgspec.to_builtins(v)
+    assert raw["loader"] == "vllm"
+    assert model_from_builtins(raw) == v
+    s = SafetensorsModel(name="m", path="/p", aliases={"a": "b"})
+    assert model_from_builtins(msgspec.to_builtins(s)) == s
+
+
+def test_a_key_of_another_loader_is_named_as_such(tmp_path: Path) -> None:
+    cfg = tmp_path / "wcached.toml"
+    cfg.write_text('[[model]]\nname = "m"\npath = "p"\nrole = "draft"\n')
+    try:
+        load_config(cfg)
+    except ConfigError as e:
+        assert e.key == "model[0].role"
+        assert e.problem == 'unknown key for loader = "safetensors"; it is a key of loader = "vllm"'
+    else:
+        raise AssertionError("role is no key of the safetensors loader")
+
+
+def test_hub_ids_stay_ids_and_paths_resolve_beside_the_config(tmp_path: Path) -> None:
+    (tmp_path / "models" / "here").mkdir(parents=True)
+    cfg = tmp_path / "wcached.toml"
+    cfg.write_text(
+        '[[model]]\nname = "hub"\npath = "meta-llama/Llama-3.2-1B"\nloader = "vllm"\n'
+        '[[model]]\nname = "local"\npath = "models/here"\nloader = "vllm"\n'
+        '[[model]]\nname = "st"\npath = "org/name"\n'
+    )
+    hub, local, st = load_config(cfg).model
+    assert hub.path == "meta-llama/Llama-3.2-1B"
+    assert local.path == str(tmp_path / "models" / "here")
+    assert st.path == str(tmp_path / "org" / "name")  # safetensors reads files only
