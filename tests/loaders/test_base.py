@@ -67,7 +67,8 @@ def test_a_loader_of_another_distribution_is_found_and_validates_its_table(tmp_p
         from wcached.loaders.base import get_loader
         (m,) = load_config({str(cfg)!r}).model
         print(type(m).__name__, m.loader, m.colour, get_loader("toy").key(m).fingerprint)
-        open({str(cfg)!r}, "a").write('\\n[[model]]\\nname = "n"\\npath = "p"\\nloader = "toy"\\ncolour = "blue"\\n')
+        blue = '\\n[[model]]\\nname = "n"\\npath = "p"\\nloader = "toy"\\ncolour = "blue"\\n'
+        open({str(cfg)!r}, "a").write(blue)
         try:
             load_config({str(cfg)!r})
         except ConfigError as e:
