@@ -145,7 +145,10 @@ def _parse_models(tables: object, path: str) -> list[ModelConfig]:
         if not isinstance(loader, str) or loader not in loader_names():
             known = ", ".join(sorted(loader_names()))
             raise ConfigError(path, f"{key}.loader", f"unknown loader {loader!r} (known: {known})")
-        options = options_for(loader)
+        try:
+            options = options_for(loader)
+        except Exception as e:  # a loader plugin that does not import or is no loader
+            raise ConfigError(path, f"{key}.loader", f"loader {loader!r} cannot be used: {e}") from None
         try:
             models.append(msgspec.convert({**table, "loader": loader}, options))
         except msgspec.ValidationError as e:
@@ -157,7 +160,13 @@ def _parse_models(tables: object, path: str) -> list[ModelConfig]:
 
 
 def _unknown_model_key(field: str, loader: str) -> str:
-    owners = [n for n in sorted(loader_names()) if n != loader and field in options_for(n).__struct_fields__]
+    owners = []
+    for name in sorted(loader_names() - {loader}):
+        try:
+            if field in options_for(name).__struct_fields__:
+                owners.append(name)
+        except Exception:  # another, broken loader says nothing here
+            continue
     problem = f'unknown key for loader = "{loader}"'
     if owners:
         problem += f"; it is a key of {' and '.join(f'loader = {n!r}' for n in owners)}"
@@ -167,11 +176,13 @@ def _unknown_model_key(field: str, loader: str) -> str:
 def _is_hub_id(model: ModelConfig, base: Path) -> bool:
     """``org/name`` that is no path beside the config, for a loader that
     resolves hub ids (vLLM); anything else is a path."""
+    # A relative path whose first directory exists beside the config is a
+    # path, even while its checkpoint is not there yet (a mount coming up).
     return (
         model.accepts_remote_path
         and re.fullmatch(r"[\w.-]+/[\w.-]+", model.path) is not None
         and not model.path.startswith(".")
-        and not (base / model.path).exists()
+        and not (base / model.path.split("/")[0]).exists()
     )
 
 

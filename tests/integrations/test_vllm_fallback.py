@@ -213,7 +213,9 @@ def test_daemons_of_the_previous_and_next_protocol_are_attached(outcomes: dict) 
 def test_zero_copy_refuses_weight_writes_and_copy_mode_owns_its_weights(outcomes: dict) -> None:
     cache, copy = outcomes["cache"], outcomes["copy"]
     assert cache["outcome"] == "cache" and cache["zero_copy"], cache
+    # Refused, and the model is whole (vLLM's reload left no layer on meta).
     assert cache["write"].startswith("ReadOnlyWeights:") and "copy" in cache["write"], cache
+    assert "left on meta" not in cache["write"], cache["write"]
     assert copy["outcome"] == "cache" and not copy["zero_copy"], copy
     assert copy["write"] == "ok", copy
     assert any("copied" in line for line in copy["log"]), copy["log"]

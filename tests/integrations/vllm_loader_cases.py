@@ -30,6 +30,25 @@ class Lines(logging.Handler):
         self.lines.append(record.getMessage())
 
 
+def _reload_in_place(model, vllm_config) -> str:
+    """What vLLM's reload_weights does with weights given (a trainer's
+    update): set the layers up for loading, then the model's load_weights;
+    the model must still be whole afterwards, whatever was raised."""
+    import torch
+    from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
+
+    name, param = next(iter(model.named_parameters()))
+    try:
+        initialize_layerwise_reload(model)
+        model.load_weights(iter([(name, torch.zeros_like(param))]))
+        finalize_layerwise_reload(model, vllm_config.model_config)
+        outcome = "ok"
+    except Exception as e:
+        outcome = f"{type(e).__name__}: {e}"
+    on_meta = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.device.type == "meta"]
+    return outcome + (f" (left on meta: {on_meta[:3]})" if on_meta else "")
+
+
 def main() -> None:
     from vllm.config import set_current_vllm_config
     from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
@@ -86,11 +105,7 @@ def main() -> None:
                 out["outcome"] = "cache" if any("wcached: bound" in x for x in lines.lines) else "disk"
                 out["zero_copy"] = hasattr(model, "_wcached_attachment")
                 if case.get("write"):
-                    try:
-                        model.load_weights(iter([]))
-                        out["write"] = "ok"
-                    except Exception as e:
-                        out["write"] = f"{type(e).__name__}: {e}"
+                    out["write"] = _reload_in_place(model, vllm_config)
                 att = getattr(model, "_wcached_attachment", None)
                 if att is not None:
                     att.close()

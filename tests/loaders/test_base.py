@@ -109,13 +109,16 @@ def test_a_key_of_another_loader_is_named_as_such(tmp_path: Path) -> None:
 
 def test_hub_ids_stay_ids_and_paths_resolve_beside_the_config(tmp_path: Path) -> None:
     (tmp_path / "models" / "here").mkdir(parents=True)
+    (tmp_path / "mnt").mkdir()  # a mount point whose checkpoint is not there yet
     cfg = tmp_path / "wcached.toml"
     cfg.write_text(
         '[[model]]\nname = "hub"\npath = "meta-llama/Llama-3.2-1B"\nloader = "vllm"\n'
         '[[model]]\nname = "local"\npath = "models/here"\nloader = "vllm"\n'
         '[[model]]\nname = "st"\npath = "org/name"\n'
+        '[[model]]\nname = "later"\npath = "mnt/llama"\nloader = "vllm"\n'
     )
-    hub, local, st = load_config(cfg).model
+    hub, local, st, later = load_config(cfg).model
+    assert later.path == str(tmp_path / "mnt" / "llama")
     assert hub.path == "meta-llama/Llama-3.2-1B"
     assert local.path == str(tmp_path / "models" / "here")
     assert st.path == str(tmp_path / "org" / "name")  # safetensors reads files only

@@ -17,7 +17,7 @@ from wcached import __version__
 from wcached.daemon.fdstore import FORMAT, FileStamp, StoredEntry, StoredModel, read_record
 from wcached.daemon.state import HeldModel
 from wcached.errors import WcacheError
-from wcached.loaders.base import ModelConfig, get_loader
+from wcached.loaders.base import EnvironmentUnknown, ModelConfig, get_loader
 from wcached.memory.host import check_sealed
 from wcached.protocol.messages import Manifest
 
@@ -67,7 +67,10 @@ def _raise(e: OSError) -> None:
 def loader_environment(model: ModelConfig, python: str) -> str:
     """What outside the config decides a loader's output (for vLLM its
     release, part of the cache key); the loader says."""
-    return get_loader(model.loader).environment(model, python)
+    try:
+        return get_loader(model.loader).environment(model, python)
+    except EnvironmentUnknown as e:
+        raise NotRestorable(str(e)) from None
 
 
 def make_record(

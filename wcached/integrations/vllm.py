@@ -96,6 +96,20 @@ def _loader_class(base: type) -> type:
     return _CLASS
 
 
+READ_ONLY = (
+    "the weights of this engine are read-only mappings of wcached's memory (zero-copy); "
+    f"to let the engine write them, load with --load-format {LOAD_FORMAT} and "
+    "--model-loader-extra-config '{\"copy\": true}' (the engine then holds its own copy)"
+)
+
+
+def _writable(options: PluginOptions) -> None:
+    if not options.copy:
+        from wcached.errors import ReadOnlyWeights
+
+        raise ReadOnlyWeights(READ_ONLY)
+
+
 def disk_loader(load_config: Any) -> Any:
     """vLLM's own loader for the checkpoint on disk."""
     from vllm.model_executor.model_loader import get_model_loader
@@ -154,10 +168,17 @@ def _make_loader_class(base: type) -> type:
                 return 0
             return impl.get_external_weight_memory(vllm_config)
 
+        # Writing paths: refused in zero-copy mode before anything is
+        # imported (a vLLM the binding cannot use still gets the right error).
+
         def load_weights(self, model: Any, model_config: Any) -> None:
+            _writable(self.options)
             self._implementation().load_weights(model, model_config)
 
         def get_all_weights(self, model_config: Any, model: Any) -> Any:
-            return self._implementation().get_all_weights(model_config, model)
+            """``reload_weights`` from disk: vLLM reads the checkpoint and
+            writes it into the model, which only a private copy allows."""
+            _writable(self.options)
+            return disk_loader(self.load_config).get_all_weights(model_config, model)
 
     return WcacheModelLoader

@@ -18,15 +18,9 @@ from vllm.utils.torch_utils import set_default_torch_dtype
 
 from wcached.client import attach
 from wcached.errors import ReadOnlyWeights, WcacheError
-from wcached.integrations.vllm import LOAD_FORMAT, PluginOptions, disk_loader, log
+from wcached.integrations.vllm import READ_ONLY, PluginOptions, disk_loader, log
 from wcached.loaders.base import get_loader
 from wcached.loaders.vllm.key import PROCESSED_GUARD, expected_fields, role_of
-
-READ_ONLY = (
-    "the weights of this engine are read-only mappings of wcached's memory (zero-copy); "
-    f"to let the engine write them, load with --load-format {LOAD_FORMAT} and "
-    "--model-loader-extra-config '{\"copy\": true}' (the engine then holds its own copy)"
-)
 
 # Attachments made by get_external_weight_memory, taken by load_model (vLLM
 # builds a new loader object for each call).
@@ -89,7 +83,10 @@ class WcacheLoading:
             time.perf_counter() - started,
         )
         if not self.options.copy:
-            _advise_memory(vllm_config, att)
+            try:
+                _advise_memory(vllm_config, att)
+            except Exception as e:  # advice only: never worth an engine
+                log.debug("wcached: no memory advice: %s", e)
         return model
 
     # -- KV-cache sizing -----------------------------------------------------
@@ -101,7 +98,13 @@ class WcacheLoading:
         is bound by load_model); 0 when it will load from disk or copy."""
         if self.options.copy:
             return 0  # the copies are the engine's own allocations
-        key = self._early_key(self.options.model)
+        try:
+            key = self._early_key(self.options.model)
+        except Exception as e:
+            if not self.options.fallback:
+                raise
+            _log_fallback(e, "the weights will be loaded from disk")
+            return 0
         displaced = _EARLY.pop(key, None)
         if displaced not in (None, _DISK):
             displaced.close()
@@ -120,27 +123,26 @@ class WcacheLoading:
     # -- writing paths -------------------------------------------------------
 
     def load_weights(self, model: nn.Module, model_config: Any) -> None:
-        """vLLM's in-place load into an existing model: the attached tensors
-        copied into the model's own (copy mode only)."""
-        if not self.options.copy:
-            raise ReadOnlyWeights(READ_ONLY)
-        vllm_config = _current_vllm_config()
-        att = self._attach(vllm_config, model_config, self.options.model, role_of(vllm_config, model_config))
+        """vLLM's in-place load into an existing model (copy mode; the thin
+        loader refused it otherwise): the attached tensors copied into the
+        model's own, each of the same name, shape and dtype."""
+        from vllm.config import get_current_vllm_config
+
+        vllm_config = get_current_vllm_config()
+        role = role_of(vllm_config, model_config)
+        name = self.options.draft_model if role == "draft" else self.options.model
+        att = self._attach(vllm_config, model_config, name, role)
         try:
             own = dict(model.named_parameters()) | dict(model.named_buffers())
+            for tname in att.tensors:
+                if tname not in own:
+                    raise WcacheError(f"attached tensor {tname} is no parameter or buffer of the model")
+                _check_like(tname, att.tensors[tname], own[tname], strides=False)
             with torch.no_grad():
-                for name, t in att.tensors.items():
-                    if name in own and own[name].shape == t.shape:
-                        own[name].copy_(t)
+                for tname, t in att.tensors.items():
+                    own[tname].copy_(t)
         finally:
             att.close()
-
-    def get_all_weights(self, model_config: Any, model: nn.Module) -> Any:
-        """``reload_weights`` from disk: vLLM reads the checkpoint and writes
-        it into the model, which only a private copy allows."""
-        if not self.options.copy:
-            raise ReadOnlyWeights(READ_ONLY)
-        return disk_loader(self.load_config).get_all_weights(model_config, model)
 
     # -- helpers -------------------------------------------------------------
 
@@ -302,13 +304,13 @@ def register_all(model: nn.Module, att: Any, strict: bool, skip: set[str], copy:
             put(e.name, obj, isinstance(obj, nn.Parameter))
 
 
-def _check_like(name: str, obj: torch.Tensor, placeholder: torch.Tensor) -> None:
+def _check_like(name: str, obj: torch.Tensor, placeholder: torch.Tensor, strides: bool = True) -> None:
     if placeholder.shape != obj.shape or placeholder.dtype != obj.dtype:
         raise WcacheError(
             f"attached tensor {name} is {str(obj.dtype).removeprefix('torch.')} {tuple(obj.shape)}, "
             f"the model's is {str(placeholder.dtype).removeprefix('torch.')} {tuple(placeholder.shape)}"
         )
-    if obj.numel() > 1 and placeholder.stride() != obj.stride():
+    if strides and obj.numel() > 1 and placeholder.stride() != obj.stride():
         raise WcacheError(
             f"attached tensor {name} has strides {obj.stride()}, the model's {placeholder.stride()}"
         )
@@ -351,6 +353,20 @@ def _guard_writes(model: nn.Module) -> None:
         raise ReadOnlyWeights(READ_ONLY)
 
     model.load_weights = refuse  # type: ignore[method-assign]
+    # vLLM's reload first moves every layer not yet set up for loading to
+    # the meta device (initialize_layerwise_reload), then calls
+    # load_weights: marked as set up, the layers stay where they are and the
+    # refusal leaves an engine that goes on serving. (A reload in kernel
+    # format, is_checkpoint_format=False, copies into parameters directly:
+    # that one still faults.)
+    try:
+        from vllm.model_executor.model_loader.reload.layerwise import get_layerwise_info
+    except ImportError:
+        return
+    for layer in model.modules():
+        info = get_layerwise_info(layer)
+        if getattr(info, "load_numel_total", 0) is None:
+            info.load_numel_total = 0
 
 
 def _reload_on(model: nn.Module, device: torch.device) -> None:

@@ -16,7 +16,8 @@ point names provides:
   returns the :class:`~wcached.loaders.layout.FilledModel`;
 - ``environment(model, python)``: what a fill depended on besides its table
   and checkpoint (the vLLM release), so that a restore after a restart can
-  tell a stale fill.
+  tell a stale fill; :class:`EnvironmentUnknown` when it cannot be told (the
+  fill is then neither stored nor restored).
 
 The module an entry point names must import without torch or vLLM: the daemon
 imports it to validate its config. Heavy imports belong inside ``fill``.
@@ -81,6 +82,10 @@ def parse_size(value: int | str, key: str, path: str | None = None) -> int:
     if size <= 0:
         raise ConfigError(path, key, f"must be a positive size, got {value!r}")
     return size
+
+
+class EnvironmentUnknown(Exception):
+    """A loader could not tell what its fill depends on."""
 
 
 class ModelConfig(

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import msgspec
 
 from wcached.errors import FillError
-from wcached.loaders.base import ModelConfig
+from wcached.loaders.base import EnvironmentUnknown, ModelConfig
 
 if TYPE_CHECKING:
     from wcached.device import Device
@@ -139,8 +139,7 @@ def _vllm_release(python: str) -> str:
     try:
         r = subprocess.run([python, "-c", _VLLM_VERSION], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as e:
-        # Never equal to a recorded release: a restore refills, saying why.
-        return f"vllm unknown ({python}: {e})"
+        raise EnvironmentUnknown(f"cannot ask {python} for its vLLM release: {e}") from None
     return f"vllm {r.stdout.strip() or 'not installed'}"
 
 

@@ -32,6 +32,7 @@ import glob
 import hashlib
 import json
 import os
+import re
 import struct
 from typing import Any
 
@@ -53,12 +54,10 @@ MODEL_NOT_WEIGHTS = frozenset(
         "tokenizer",
         "tokenizer_mode",
         "tokenizer_revision",
-        "hf_config_path",
         "hf_config",
         "hf_text_config",
         "hf_overrides",
         "hf_token",
-        "config_format",
         "dtype",
         "quantization",
         "quantization_config",
@@ -201,7 +200,8 @@ def _factors(config: Any, ignored: frozenset[str]) -> dict[str, str]:
         try:
             value = normalize_value(getattr(config, f.name, None))
         except TypeError:  # a callable, an object vLLM cannot normalise
-            value = repr(getattr(config, f.name, None))
+            # Without its address, which differs between processes.
+            value = re.sub(r" at 0x[0-9a-f]+", "", repr(getattr(config, f.name, None)))
         out[f.name] = _compact(value)
     return out
 
@@ -290,10 +290,25 @@ def checkpoint_fingerprint(model: str, revision: str | None = None) -> str:
         files = sorted({p for pat in OTHER_WEIGHT_PATTERNS for p in glob.glob(os.path.join(model, pat))})
         if files:
             return "sampled:" + _sampled(files)
-        return "empty:" + _sampled([])
+        # No weights vLLM reads by name: every file there, sampled.
+        others = sorted(e.path for e in os.scandir(model) if e.is_file())
+        return "sampled:" + _sampled(others)
     if os.path.isfile(model):
         return "sampled:" + _sampled([model])
-    return f"hub:{model}@{revision or 'main'}"
+    return "hub:" + _hub_revision(model, revision)
+
+
+def _hub_revision(repo: str, revision: str | None) -> str:
+    """``<id>@<commit>`` where the hub cache holds a snapshot of it (the same
+    commit on both sides matches, another one does not), else the revision
+    as asked for."""
+    try:
+        from huggingface_hub import snapshot_download
+
+        snapshot = snapshot_download(repo, revision=revision, local_files_only=True)
+        return f"{repo}@{os.path.basename(snapshot)}"
+    except Exception:  # not cached here, or no huggingface_hub
+        return f"{repo}@{revision or 'main'}"
 
 
 def _sampled(files: list[str]) -> str:
