@@ -20,6 +20,9 @@ from tests.mutations.table import MUTATIONS, Mutation
 REPO = Path(__file__).resolve().parents[2]
 # What the tests need of the tree (no build outputs, no virtualenvs).
 COPIED = ("wcached", "tests", "etc", "pyproject.toml")
+# The vLLM virtualenvs, linked into the copy: their interpreters run the
+# mutant's code through PYTHONPATH, which comes before their own install.
+LINKED = ("build/vllm-venv", "build/vllm-venv-0.27")
 
 
 def _copy_tree(dest: Path) -> None:
@@ -29,6 +32,10 @@ def _copy_tree(dest: Path) -> None:
             shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
         else:
             shutil.copy2(src, dest / name)
+    for name in LINKED:
+        if (REPO / name).exists():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            os.symlink(REPO / name, dest / name)
 
 
 def run_one(m: Mutation, timeout: float = 300) -> tuple[bool, float, str]:
