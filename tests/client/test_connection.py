@@ -62,37 +62,33 @@ def test_trusted_daemon_users_from_the_environment(monkeypatch) -> None:
     assert nobody not in trusted_daemon_uids()
 
 
+def _attach_through(mode: str, work: Path, tmp_path: Path) -> tuple[int, list]:
+    """Attach through a daemon of another release (a proxy in front of a real
+    one): the version the connection speaks, and the hellos it received."""
+    from tests.helpers import one_model_config, run_daemon
+    from tests.integrations.fake_daemons import Proxy
+    from wcached.client import attach
+    from wcached.demo import generate_llama
+
+    ckpt = generate_llama(tmp_path / "model")
+    with run_daemon(one_model_config(work, ckpt)) as d:
+        proxy = Proxy(tmp_path / mode, d.socket_path, mode)
+        try:
+            with attach("default", "cpu0", socket_dir=str(tmp_path / mode)) as a:
+                assert a.tensors
+                return a.connection.welcome.version, proxy.hellos
+        finally:
+            proxy.close()
+
+
 def test_a_version_1_daemon_is_greeted_again_at_version_1(work: Path, tmp_path: Path) -> None:
     """The first release's daemons wanted exactly version 1 and knew no
     range: refused at this release's version, the client greets at 1."""
-    from tests.helpers import one_model_config, run_daemon
-    from tests.integrations.fake_daemons import Proxy
-    from wcached.client import attach
-    from wcached.demo import generate_llama
-
-    ckpt = generate_llama(tmp_path / "model")
-    with run_daemon(one_model_config(work, ckpt)) as d:
-        proxy = Proxy(tmp_path / "v1", d.socket_path, "v1")
-        try:
-            with attach("default", "cpu0", socket_dir=str(tmp_path / "v1")) as a:
-                assert a.connection.welcome.version == 1 and a.tensors
-        finally:
-            proxy.close()
-    assert [h["version"] for h in proxy.hellos] == [2, 1]
-    assert "min_version" not in proxy.hellos[1]
+    version, hellos = _attach_through("v1", work, tmp_path)
+    assert version == 1
+    assert [h["version"] for h in hellos] == [2, 1] and "min_version" not in hellos[1]
 
 
 def test_a_later_daemon_with_unknown_fields_is_attached(work: Path, tmp_path: Path) -> None:
-    from tests.helpers import one_model_config, run_daemon
-    from tests.integrations.fake_daemons import Proxy
-    from wcached.client import attach
-    from wcached.demo import generate_llama
-
-    ckpt = generate_llama(tmp_path / "model")
-    with run_daemon(one_model_config(work, ckpt)) as d:
-        proxy = Proxy(tmp_path / "next", d.socket_path, "next")
-        try:
-            with attach("default", "cpu0", socket_dir=str(tmp_path / "next")) as a:
-                assert a.connection.welcome.version == 2 and a.tensors
-        finally:
-            proxy.close()
+    version, hellos = _attach_through("next", work, tmp_path)
+    assert version == 2 and hellos[0]["version"] == 2

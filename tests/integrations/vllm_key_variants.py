@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 
 
 def main() -> None:
     import msgspec
     from vllm.config import set_current_vllm_config
-    from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
     from vllm.engine.arg_utils import EngineArgs
+    from vllm_single_rank import join_single_rank_world
 
     from wcached.loaders.base import get_loader
 
@@ -35,11 +34,7 @@ def main() -> None:
             vllm_config = EngineArgs(**args).create_engine_config()
             with set_current_vllm_config(vllm_config):
                 if not started:
-                    with socket.socket() as s:
-                        s.bind(("127.0.0.1", 0))
-                        port = s.getsockname()[1]
-                    init_distributed_environment(1, 0, f"tcp://127.0.0.1:{port}", 0, backend="gloo")
-                    ensure_model_parallel_initialized(1, 1)
+                    join_single_rank_world()
                     started = True
                 key = get_loader("vllm").key(
                     "default", vllm_config, vllm_config.model_config, variant.get("role", "target")

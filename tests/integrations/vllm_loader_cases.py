@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import sys
 import traceback
 
@@ -51,9 +50,9 @@ def _reload_in_place(model, vllm_config) -> str:
 
 def main() -> None:
     from vllm.config import set_current_vllm_config
-    from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
     from vllm.engine.arg_utils import EngineArgs
     from vllm.model_executor.model_loader import get_model_loader
+    from vllm_single_rank import become_cpu_worker, join_single_rank_world
 
     model_dir, cases = sys.argv[1], json.loads(sys.argv[2])
     lines = Lines()
@@ -78,26 +77,8 @@ def main() -> None:
         out: dict = {"name": case["name"]}
         with set_current_vllm_config(vllm_config):
             if not started:
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", 0))
-                    port = s.getsockname()[1]
-                init_distributed_environment(1, 0, f"tcp://127.0.0.1:{port}", 0, backend="gloo")
-                ensure_model_parallel_initialized(1, 1)
-                # What vLLM's CPU model runner does first: torch.accelerator
-                # calls (vLLM's loaders empty its cache) become no-ops.
-                try:
-                    from vllm.v1.worker.cpu_model_runner import _set_torch_accelerator_to_noop
-
-                    _set_torch_accelerator_to_noop()
-                except ImportError:  # older vLLM: nothing to do
-                    pass
-                try:
-                    import torch
-                    from vllm.v1.worker.workspace import init_workspace_manager
-
-                    init_workspace_manager(torch.device("cpu"))
-                except ImportError:
-                    pass
+                join_single_rank_world()
+                become_cpu_worker()
                 started = True
             try:
                 loader = get_model_loader(vllm_config.load_config)
