@@ -196,3 +196,18 @@ def test_error_reply_and_reply_union_decode() -> None:
     above rely on) rather than failing on it."""
     body = msgspec.msgpack.encode(ErrorReply(code="protocol", message="x"))
     assert isinstance(msgspec.msgpack.decode(body, type=Reply), ErrorReply)
+
+
+def test_a_client_name_cannot_forge_log_lines_or_terminal_escapes(cpu_config: Path) -> None:
+    """The hello's client name reaches log lines and `wcached status`:
+    newlines and escape sequences arrive as ``?``."""
+    evil = "engine\nwcached daemon: serving FAKE\x1b[31mred\x07" + "x" * 300
+    with run_daemon(cpu_config) as d:
+        with attach("default", "cpu0", socket_dir=d.socket_dir, client=evil) as a:
+            assert a.tensors
+            with DaemonConnection(d.socket_path, client="status") as conn:
+                (client,) = conn.status().clients
+        log = d.log()
+    assert client.client == "engine?wcached daemon: serving FAKE?[31mred?" + "x" * 84
+    assert "\nwcached daemon: serving FAKE" not in log and "\x1b" not in log
+    assert "(uid 0, engine?wcached daemon: serving FAKE?[31mred?" in log

@@ -251,7 +251,19 @@ def main() -> None:
         r = sh("journalctl -u wcached@cpu0 -o json --no-pager")
         prios = {json.loads(line)["PRIORITY"] for line in r.stdout.splitlines() if '"wcached"' in line}
         assert {"6", "4"} <= prios, prios
-        return f"priorities seen: {sorted(prios)}"
+        # Native journal entries: filter by instance and model, as an
+        # operator with many instances does.
+        by_model = sh("journalctl -u 'wcached@*' WCACHED_MODEL=default -o cat --no-pager").stdout
+        assert "filled default" in by_model or "restored default" in by_model, by_model
+        assert "serving cpu0 on" not in by_model  # about the instance, not the model
+        by_instance = sh("journalctl WCACHED_INSTANCE=cpu0 -o cat --no-pager").stdout
+        assert "serving cpu0 on /run/wcache/cpu0.sock" in by_instance, by_instance
+        assert (
+            "WCACHED_INSTANCE=cpu0"
+            in sh("journalctl WCACHED_INSTANCE=cpu0 -o verbose -n 1 --no-pager").stdout
+        )
+        lines = len(by_model.splitlines())
+        return f"priorities seen: {sorted(prios)}; {lines} line(s) with WCACHED_MODEL=default"
 
     @check("cpu1_beside_cpu0")
     def _():

@@ -25,6 +25,7 @@ from wcached.errors import (
     TimeoutExpired,
     error_for_code,
 )
+from wcached.log import current_instance
 from wcached.protocol.messages import (
     FillDone,
     FillFailed,
@@ -61,7 +62,7 @@ def fill_models(
         check_checkpoint_path(m, settings.source)
     parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     python = settings.worker_python or sys.executable
-    env = dict(os.environ, WCACHED_LOG_LEVEL=settings.log_level)
+    env = dict(os.environ, WCACHED_LOG_LEVEL=settings.log_level, WCACHED_LOG_INSTANCE=current_instance())
     env.pop("CUDA_VISIBLE_DEVICES", None)
     # vLLM's message queues between the ranks of a tensor-parallel fill meet
     # at ZeroMQ IPC sockets under this directory (default: /tmp). Under the
@@ -130,6 +131,7 @@ def fill_models(
                     len(m.segments),
                     msg.fill_seconds,
                     m.total_bytes / 2**20 / max(msg.fill_seconds, 1e-9),
+                    extra={"model": m.model},
                 )
             elif isinstance(msg, FillFailed):
                 # Keep the worker's class: its exit status tells systemd what to do.

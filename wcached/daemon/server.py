@@ -57,6 +57,16 @@ from wcached.protocol.wire import MAX_REQUEST_BYTES, Channel, PeerClosed, close_
 log = logging.getLogger("wcached.server")
 
 
+MAX_CLIENT_NAME = 128
+
+
+def printable(name: str, limit: int = MAX_CLIENT_NAME) -> str:
+    """A client-supplied name as it may appear in a log line or a status
+    table: control characters (newlines, escape sequences) and other
+    unprintables become ``?``, at most ``limit`` characters."""
+    return "".join(c if c.isprintable() else "?" for c in name[:limit])
+
+
 def negotiate(hello: Hello) -> int:
     """The highest protocol version both sides speak."""
     version = min(hello.version, PROTOCOL_VERSION)
@@ -253,7 +263,7 @@ class Server:
             if not isinstance(hello, Hello):
                 raise ProtocolError(f"first message must be hello, got {type(hello).__name__}")
             version = negotiate(hello)
-            session.client = hello.client[:128]
+            session.client = printable(hello.client)
             chan.send(
                 Welcome(
                     version=version,
@@ -316,7 +326,13 @@ class Server:
         fields = mismatched_fields(held.manifest.key, req.expect)
         if fields:
             message = describe_mismatch(held.manifest.key, req.expect, fields)
-            log.warning("pid %d: cache key mismatch for %s: %s", session.peer.pid, req.model, message)
+            log.warning(
+                "pid %d: cache key mismatch for %s: %s",
+                session.peer.pid,
+                req.model,
+                message,
+                extra={"model": req.model},
+            )
             chan.send(Mismatch(model=req.model, fields=fields, message=message), timeout=timeout)
             return
         fds = held.dup_fds()
@@ -333,6 +349,7 @@ class Server:
             session.peer.uid,
             session.client or "client",
             req.model,
+            extra={"model": req.model},
         )
 
     def _release(self, chan: Channel, session: Session, req: Release, timeout: float) -> None:
@@ -349,6 +366,7 @@ class Server:
             req.model,
             session.peer.pid,
             attached,
+            extra={"model": req.model},
         )
         chan.send(Released(model=req.model, attached_clients=attached), timeout=timeout)
 

@@ -128,7 +128,7 @@ class Service:
             try:
                 held = restore(entry, model.for_device(self.device), self.device.instance_id, python)
             except NotRestorable as e:
-                log.warning("refilling %s, because %s", model.name, e)
+                log.warning("refilling %s, because %s", model.name, e, extra={"model": model.name})
                 entry.close()
                 self.store.remove(entry.names)
                 continue
@@ -142,9 +142,14 @@ class Service:
                 m.total_bytes / 2**20,
                 len(m.segments),
                 (time.monotonic() - started) * 1000,
+                extra={"model": model.name},
             )
         for entry in entries.values():
-            log.info("dropping %s from the fd store: no longer configured for this instance", entry.model)
+            log.info(
+                "dropping %s from the fd store: no longer configured for this instance",
+                entry.model,
+                extra={"model": entry.model},
+            )
             entry.close()
             self.store.remove(entry.names)
         return restored
@@ -161,9 +166,13 @@ class Service:
                 model, self.device.instance_id, environment, files, held.manifest, held.fill_seconds
             )
             if self.store.store(record, held.fds):
-                log.info("%s kept in the fd store (%d segment fds)", name, len(held.fds))
+                log.info(
+                    "%s kept in the fd store (%d segment fds)", name, len(held.fds), extra={"model": name}
+                )
             else:
-                log.warning("%s not kept in the fd store: a restart will refill it", name)
+                log.warning(
+                    "%s not kept in the fd store: a restart will refill it", name, extra={"model": name}
+                )
 
     def _stamp(self, models: list[ModelConfig]) -> dict[str, tuple]:
         """Before filling: what the fill is made from, so that a checkpoint
@@ -177,7 +186,7 @@ class Service:
             try:
                 stamps[m.name] = (canonical, loader_environment(m, python), checkpoint_stamps(m.path))
             except NotRestorable as e:
-                log.warning("%s will not be kept in the fd store: %s", m.name, e)
+                log.warning("%s will not be kept in the fd store: %s", m.name, e, extra={"model": m.name})
         return stamps
 
     def _forget(self, held: HeldModel) -> None:
@@ -296,7 +305,9 @@ def check_socket_dir(path: str, source: str = "") -> None:
 
 def serve(instance: str, config_path: str | None) -> int:
     """Entry point of ``wcached serve``; returns the exit status."""
-    setup_logging("info")
+    # The instance as systemd names it (wcached@<instance>): what an
+    # operator filters the journal by.
+    setup_logging("info", instance=instance)
     try:
         cfg = load_config(config_path)
         device = resolve_instance(instance, isolated=True)

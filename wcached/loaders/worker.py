@@ -63,6 +63,7 @@ def run(chan: Channel) -> None:
             if peak is None
             else f"; peak device memory {peak / 2**30:.2f} GiB "
             f"({peak / max(filled.manifest.total_bytes, 1):.2f}x the model)",
+            extra={"model": model.name},
         )
         try:
             chan.send(
@@ -84,7 +85,11 @@ def run(chan: Channel) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    setup_logging(os.environ.get("WCACHED_LOG_LEVEL", "info"), name="worker")
+    setup_logging(
+        os.environ.get("WCACHED_LOG_LEVEL", "info"),
+        name="worker",
+        instance=os.environ.get("WCACHED_LOG_INSTANCE", ""),
+    )
     sock = socket.socket(fileno=int(argv[0]))
     chan = Channel(sock, WorkerMessage)
     try:
