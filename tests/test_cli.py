@@ -96,3 +96,20 @@ def test_check_config_as_the_daemons_user_finds_what_serve_would_trip_over(work:
     assert "checked as user nobody" in r.stderr
     assert f"user nobody cannot list {ckpt}" in r.stderr
     assert f"{run / 'cpu0.lock'} belongs to user root, not to nobody" in r.stderr
+
+
+def test_status_says_when_the_socket_directory_cannot_be_read(work: Path) -> None:
+    """Not "no daemon sockets": the user is told why it sees none."""
+    from tests.helpers import require_other_users, run_as, write_config
+
+    require_other_users()
+    sdir = work / "private"
+    sdir.mkdir(mode=0o750)
+    sdir.chmod(0o750)
+    work.chmod(0o755)
+    cfg = write_config(work / "wcached.toml", models=[], daemon={"socket_dir": str(sdir)})
+    cfg.chmod(0o644)
+    r = run_as("nobody", [sys.executable, "-m", "wcached", "status", "--config", str(cfg)])
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert f"user nobody cannot list the socket directory {sdir} (mode 0750, group root)" in r.stderr
+    assert "usermod -aG root nobody" in r.stderr

@@ -139,6 +139,10 @@ def _status(args: argparse.Namespace) -> int:
 
     try:
         sdir = _socket_dir(args)
+        unreadable = _unreadable_dir(sdir)
+        if unreadable:
+            print(f"wcached: {unreadable}", file=sys.stderr)
+            return EXIT_DOWN
         if args.instance:
             targets = [(args.instance, socket_path(args.instance, sdir))]
         else:
@@ -163,6 +167,27 @@ def _status(args: argparse.Namespace) -> int:
         print(_status_table(results))
     down = not results or any(r["state"] == "down" for r in results)
     return EXIT_DOWN if down else 0
+
+
+def _unreadable_dir(sdir: str) -> str:
+    """Why this user cannot see the sockets in ``sdir`` ("" if it can): a
+    listing it may not read would look like no daemon at all."""
+    if not os.path.isdir(sdir) or os.access(sdir, os.R_OK | os.X_OK):
+        return ""
+    import grp
+    import pwd
+
+    st = os.stat(sdir)
+    try:
+        group = grp.getgrgid(st.st_gid).gr_name
+    except KeyError:
+        group = str(st.st_gid)
+    user = pwd.getpwuid(os.geteuid()).pw_name if os.geteuid() != st.st_uid else "its owner"
+    return (
+        f"user {user} cannot list the socket directory {sdir} (mode {st.st_mode & 0o777:04o}, "
+        f"group {group}): add the user to group {group} (usermod -aG {group} {user}, then log in "
+        "again) or run this as root"
+    )
 
 
 def _status_table(results: list[dict]) -> str:
