@@ -175,14 +175,15 @@ def _unreadable_dir(sdir: str) -> str:
     if not os.path.isdir(sdir) or os.access(sdir, os.R_OK | os.X_OK):
         return ""
     import grp
-    import pwd
+
+    from wcached.daemon.lock import user_name
 
     st = os.stat(sdir)
     try:
         group = grp.getgrgid(st.st_gid).gr_name
     except KeyError:
         group = str(st.st_gid)
-    user = pwd.getpwuid(os.geteuid()).pw_name if os.geteuid() != st.st_uid else "its owner"
+    user = user_name(os.geteuid()) if os.geteuid() != st.st_uid else "its owner"
     return (
         f"user {user} cannot list the socket directory {sdir} (mode {st.st_mode & 0o777:04o}, "
         f"group {group}): add the user to group {group} (usermod -aG {group} {user}, then log in "

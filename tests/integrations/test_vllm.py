@@ -277,12 +277,7 @@ def test_a_draft_model_attaches_to_its_own_model_of_the_daemon(
     ):
         pytest.skip("this vLLM runs no draft model on CPU (the GPU machine runs it)")
     assert disk_spec["rc"] == 0, disk_spec["log"][-4000:]
-    cfg = vllm_daemon_config(vllm_python, work, model_dir)
-    text = cfg.read_text() + (
-        f'\n[[model]]\nname = "draft"\npath = "{draft_dir}"\nloader = "vllm"\nrole = "draft"\n'
-        'dtype = "bfloat16"\nengine_args = { max_model_len = 256, enforce_eager = true }\n'
-    )
-    cfg.write_text(text)
+    cfg = vllm_daemon_config(vllm_python, work, model_dir, draft=draft_dir)
     with run_daemon(cfg, timeout=400) as d:
         extra = {"socket_dir": d.socket_dir, "fallback": False, "draft_model": "draft"}
         out = engine(

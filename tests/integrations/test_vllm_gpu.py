@@ -245,13 +245,7 @@ def test_draft_model_attached_on_gpu(work: Path, model_dir: Path) -> None:
     disk = engine(model_dir, speculative_config=spec)
     if disk["rc"] != 0:
         pytest.skip(f"this vLLM runs no draft model here: {disk['log'][-600:]}")
-    cfg = _config(work, model_dir)
-    text = cfg.read_text() + (
-        f'\n[[model]]\nname = "draft"\npath = "{draft_dir}"\nloader = "vllm"\nrole = "draft"\n'
-        'dtype = "bfloat16"\nsegment_size = "256MiB"\n'
-        "engine_args = { max_model_len = 256, enforce_eager = true }\n"
-    )
-    cfg.write_text(text)
+    cfg = _config(work, model_dir, draft=draft_dir)
     with run_daemon(cfg, "0", timeout=600) as d:
         _, share = weights_share(cfg)
         extra = {"socket_dir": d.socket_dir, "fallback": False, "draft_model": "draft"}

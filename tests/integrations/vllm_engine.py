@@ -91,24 +91,33 @@ def run_engine(python: str, model: str, overrides: dict, env: dict[str, str], ti
 
 
 def vllm_daemon_config(
-    python: str, work: Path, model_dir: Path, engine_args: dict | None = None, **model: object
+    python: str,
+    work: Path,
+    model_dir: Path,
+    engine_args: dict | None = None,
+    *,
+    draft: Path | None = None,
+    **model: object,
 ) -> Path:
     """A daemon config serving ``model_dir`` through the vLLM loader, its
-    worker in ``python``; ``engine_args`` add to a short eager engine's."""
+    worker in ``python``; ``engine_args`` add to a short eager engine's.
+    ``draft``: a speculative-decoding draft beside it, as model "draft"."""
     from tests.helpers import write_config
 
+    table = {
+        "name": "default",
+        "path": str(model_dir),
+        "loader": "vllm",
+        "dtype": "bfloat16",
+        "engine_args": {"max_model_len": 256, "enforce_eager": True, **(engine_args or {})},
+        **model,
+    }
+    models = [table]
+    if draft is not None:
+        models.append({**table, "name": "draft", "path": str(draft), "role": "draft"})
     return write_config(
         work / "wcached.toml",
-        models=[
-            {
-                "name": "default",
-                "path": str(model_dir),
-                "loader": "vllm",
-                "dtype": "bfloat16",
-                "engine_args": {"max_model_len": 256, "enforce_eager": True, **(engine_args or {})},
-                **model,
-            }
-        ],
+        models=models,
         daemon={"socket_dir": str(work / "run"), "worker_python": python},
     )
 

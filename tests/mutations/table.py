@@ -203,8 +203,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "a daemon-side failure is raised despite fallback",
         "wcached/integrations/vllm_bind.py",
-        '            if not self.options.fallback or getattr(e, "_wcached_disk", False):',
-        "            if True:",
+        "            if not self.options.fallback:\n                raise\n            # The model built",
+        "            if True:\n                raise\n            # The model built",
         (
             "tests/integrations/test_vllm_fallback.py::test_every_failure_loads_from_disk_and_says_why_once[0.32-busy]",
         ),

@@ -50,21 +50,22 @@ class WcacheLoading:
         registered = _LayerRegistry(vllm_config)
         try:
             early = _EARLY.pop(self._early_key(name), None)
-            if early is _DISK:
-                # The KV cache was sized without external weights: stay on
-                # disk even if the daemon has come up since.
-                return self._from_disk(vllm_config, model_config, prefix, started)
-            att = early if early is not None else self._attach(vllm_config, model_config, name, role)
-            model = self._bind(vllm_config, model_config, prefix, att)
+            if early is not _DISK:
+                att = early if early is not None else self._attach(vllm_config, model_config, name, role)
+                model = self._bind(vllm_config, model_config, prefix, att)
         except Exception as e:
             if att is not None:
                 att.close()
-            if not self.options.fallback or getattr(e, "_wcached_disk", False):
+            if not self.options.fallback:
                 raise
             # The model built for binding registered its attention layers
             # by name: the disk load registers them again.
             registered.forget_new()
             _log_fallback(e, f"loading {model_config.model} from disk instead")
+            early = _DISK
+        if early is _DISK:
+            # Given up on here, or when the KV cache was sized without
+            # external weights (then even if the daemon has come up since).
             return self._from_disk(vllm_config, model_config, prefix, started)
         if self.options.copy:
             # The engine holds its own copy: no lease, nothing mapped.
@@ -151,13 +152,9 @@ class WcacheLoading:
         return (self.options.socket_dir, name, self._instance())
 
     def _from_disk(self, vllm_config: Any, model_config: Any, prefix: str, started: float) -> Any:
-        try:
-            model = disk_loader(self.load_config).load_model(
-                vllm_config=vllm_config, model_config=model_config, prefix=prefix
-            )
-        except Exception as e:
-            e._wcached_disk = True  # type: ignore[attr-defined]  # not the cache's failure: no fallback
-            raise
+        model = disk_loader(self.load_config).load_model(
+            vllm_config=vllm_config, model_config=model_config, prefix=prefix
+        )
         log.info("wcached: loaded %s from disk in %.3f s", model_config.model, time.perf_counter() - started)
         return model
 
