@@ -135,7 +135,7 @@ def restore(entry: StoredEntry, model: ModelConfig, instance: str, python: str) 
     os.close(entry.record_fd)
     entry.record_fd = None
     entry.segment_fds = {}
-    return HeldModel(manifest, fds, record.fill_seconds)
+    return HeldModel(manifest, fds, record.fill_seconds, origin="restored")
 
 
 def _compare_stamps(old: Sequence[FileStamp], new: Sequence[FileStamp], path: str) -> None:

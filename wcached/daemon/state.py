@@ -12,9 +12,14 @@ from wcached.protocol.wire import close_fds
 
 
 class HeldModel:
-    def __init__(self, manifest: Manifest, fds: list[int], fill_seconds: float):
+    def __init__(self, manifest: Manifest, fds: list[int], fill_seconds: float, origin: str = "filled"):
         self.manifest = manifest
+        # How long the fill that made these segments took (for a restored
+        # model: the fill before the restart that kept them).
         self.fill_seconds = fill_seconds
+        # "filled" from the checkpoint by this daemon, or "restored" from
+        # systemd's fd store without reading the checkpoint.
+        self.origin = origin
         self._fds = list(fds)
         self._lock = threading.Lock()
         self.released_at: float | None = None
@@ -60,4 +65,5 @@ class HeldModel:
             key=m.key,
             filled_at=m.filled_at,
             fill_seconds=self.fill_seconds,
+            origin=self.origin,
         )

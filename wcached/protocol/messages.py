@@ -132,6 +132,9 @@ class ModelStatus(msgspec.Struct, frozen=True, kw_only=True):
     key: CacheKey
     filled_at: float
     fill_seconds: float
+    # "filled" (read from the checkpoint by this daemon process) or
+    # "restored" (from systemd's fd store; fill_seconds is the earlier fill's).
+    origin: str = "filled"
 
 
 class ClientStatus(msgspec.Struct, frozen=True, kw_only=True):
