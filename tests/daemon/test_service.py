@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import pwd
+import re
 import resource
+import select
 import signal
 import socket
 import stat
@@ -13,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -175,9 +178,18 @@ def test_ready_only_once_socket_accepts(work: Path) -> None:
         assert "STATUS=serving 1 model(s)" in msg
         before_ready = d.notify.messages[: d.notify.messages.index(msg)]
         assert any(m.startswith("STATUS=filling") for m in before_ready)
+        # Progress out of the checkpoint's 48 x 4 MiB = 0.2 GB, with a rate.
+        statuses = [m.split("STATUS=", 1)[1] for m in before_ready if "STATUS=filling default: " in m]
+        assert any(
+            re.fullmatch(r"filling default: 0\.\d of 0\.2 GB, \d+\.\d\d GB/s.*", s) for s in statuses
+        ), statuses
     finally:
         assert d.stop() == 0
         d.notify.close()
+    # One journal line with the final figures.
+    assert re.search(
+        r"filled default: 48 tensors, 0\.20 GB in \d+ segment\(s\) in [\d.]+ s \([\d.]+ GB/s\)", d.log()
+    )
 
 
 def test_sigterm_removes_socket_and_exits_zero(cpu_config: Path) -> None:
@@ -405,3 +417,39 @@ def test_stale_socket_of_a_killed_daemon_is_replaced_under_the_lock(cpu_config: 
         assert "removing stale socket" in d2.log()
         with attach("default", "cpu0", socket_dir=d2.socket_dir) as a:
             assert a.tensors
+
+
+def test_terminal_run_draws_a_progress_bar(work: Path) -> None:
+    """`wcached serve` on a terminal: a bar per model, then the log."""
+    import fcntl
+    import pty
+    import termios
+
+    ckpt = write_sharded(work / "bar", {f"w{i}": torch.ones(512, 1024) for i in range(16)}, shards=2)
+    cfg = one_model_config(work, ckpt, read_threads=1)
+    primary, secondary = pty.openpty()
+    # A terminal 120 columns wide (a fresh pty has none).
+    fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "wcached", "serve", "cpu0", "--config", str(cfg)],
+        stdin=subprocess.DEVNULL,
+        stdout=secondary,
+        stderr=secondary,
+        env={k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"},
+    )
+    os.close(secondary)
+    out = b""
+    try:
+        deadline = time.monotonic() + 60
+        while b"serving cpu0" not in out and time.monotonic() < deadline:
+            ready, _, _ = select.select([primary], [], [], 1.0)
+            if ready:
+                out += os.read(primary, 65536)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0
+        os.close(primary)
+    text = out.decode(errors="replace")
+    # 16 x 2 MiB read: tqdm's bar reaches 33.6 MB, and the log follows it.
+    assert "default: 100%" in text and "33.6M/33.6M" in text, text
+    assert text.index("default: 100%") < text.index("serving cpu0"), text

@@ -28,8 +28,8 @@ def _raw_file(path: Path, header: dict, data: bytes) -> Path:
 
 
 def _fill(model: SafetensorsModel):
-    progress: list[int] = []
-    filled = SafetensorsLoader().fill(model, HostBackend(), "cpu0", progress.append)
+    progress: list[tuple[int, int]] = []
+    filled = SafetensorsLoader().fill(model, HostBackend(), "cpu0", lambda d, t: progress.append((d, t)))
     return filled, progress
 
 
@@ -60,7 +60,9 @@ def test_fill_matches_load_file_and_reports_progress(tmp_path: Path) -> None:
         assert torch.equal(as_bytes(views[name]), as_bytes(ref)), name
         assert digests[name] == xxhash.xxh3_128(bytes(as_bytes(ref).tolist())).hexdigest(), name
     assert filled.manifest.attrs == {"digest": "xxh3_128"}
-    assert progress[-1] == filled.manifest.total_bytes
+    # From the total up front to all of it read.
+    assert progress[0] == (0, filled.manifest.total_bytes)
+    assert progress[-1] == (filled.manifest.total_bytes, filled.manifest.total_bytes)
     assert filled.manifest.key.fingerprint == checkpoint_fingerprint(str(ckpt))
 
 

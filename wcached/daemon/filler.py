@@ -89,7 +89,7 @@ def fill_models(
     log.info("loader worker pid %d started (%s)", proc.pid, python)
     held: dict[str, HeldModel] = {}
     chan = Channel(parent, WorkerMessage)
-    totals = {m.name: 0 for m in settings.models}
+    totals = {m.name: 0 for m in settings.models}  # from the worker's first report
     try:
         chan.send(
             FillJob(
@@ -118,19 +118,21 @@ def fill_models(
             last_progress = time.monotonic()
             if isinstance(msg, FillProgress):
                 current, done = msg.model, msg.done_bytes
+                if msg.total_bytes:
+                    totals[current] = msg.total_bytes
                 on_tick(current, done, totals.get(current, 0))
             elif isinstance(msg, ModelFilled):
                 fds = chan.recv_fds(msg.fd_count, timeout=60.0)
                 m = msg.manifest
                 held[m.model] = HeldModel(m, fds, msg.fill_seconds)
                 log.info(
-                    "filled %s: %d tensors, %.1f MiB in %d segment(s) in %.2f s (%.0f MiB/s)",
+                    "filled %s: %d tensors, %.2f GB in %d segment(s) in %.2f s (%.2f GB/s)",
                     m.model,
                     len(m.tensors),
-                    m.total_bytes / 2**20,
+                    m.total_bytes / 1e9,
                     len(m.segments),
                     msg.fill_seconds,
-                    m.total_bytes / 2**20 / max(msg.fill_seconds, 1e-9),
+                    m.total_bytes / 1e9 / max(msg.fill_seconds, 1e-9),
                     extra={"model": m.model},
                 )
             elif isinstance(msg, FillFailed):

@@ -24,6 +24,7 @@ from wcached.daemon.fdstore import FdStore, group_by_model, listen_fds
 from wcached.daemon.filler import FillAborted, fill_models
 from wcached.daemon.lock import InstanceLock
 from wcached.daemon.peers import AccessPolicy
+from wcached.daemon.progress import FillMeter
 from wcached.daemon.restore import NotRestorable, checkpoint_stamps, loader_environment, make_record, restore
 from wcached.daemon.server import Server
 from wcached.daemon.state import HeldModel
@@ -199,14 +200,16 @@ class Service:
     def _fill(self, todo: list[ModelConfig]) -> dict[str, HeldModel] | None:
         if not todo:
             return {}
-        names = ", ".join(m.name for m in todo)
-        self.notifier.status(f"filling {names}")
+        # A bar only where someone watches: a terminal, never the journal.
+        meter = FillMeter([m.name for m in todo], bar_stream=sys.stderr if sys.stderr.isatty() else None)
+        self.notifier.status(meter.status_line())
         self.notifier.extend_timeout(EXTEND_S)
         started = time.monotonic()
 
         def tick(model: str, done: int, total: int) -> None:
+            meter.update(model, done, total)
             self.notifier.extend_timeout(EXTEND_S)
-            self.notifier.status(f"filling {model}: {done / 2**20:.0f} MiB")
+            self.notifier.status(meter.status_line())
             if self.notifier.watchdog_due():
                 self.notifier.ping_watchdog()
 
@@ -218,6 +221,8 @@ class Service:
             log.info("stopped by signal %d while filling", self.stop_signal)
             self.notifier.stopping()
             return None
+        finally:
+            meter.close()
         log.info("filled %d model(s) in %.2f s", len(models), time.monotonic() - started)
         self._keep(models, stamps)
         return models

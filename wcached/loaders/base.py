@@ -13,7 +13,9 @@ point names provides:
   integration calls the same function with its own configuration for the key
   it expects, so the two cannot drift apart;
 - ``fill(model, backend, instance, progress)``: runs in the loader worker,
-  returns the :class:`~wcached.loaders.layout.FilledModel`;
+  returns the :class:`~wcached.loaders.layout.FilledModel`, and calls
+  ``progress(done_bytes, total_bytes)`` as it reads (the daemon's status
+  line, progress bar and stall detection come from it);
 - ``environment(model, python)``: what a fill depended on besides its table
   and checkpoint (the vLLM release), so that a restore after a restart can
   tell a stale fill; :class:`EnvironmentUnknown` when it cannot be told (the

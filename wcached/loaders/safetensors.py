@@ -316,7 +316,9 @@ class SafetensorsLoader:
         tensors: list[StoredTensor] = ckpt.tensors
         digests = [""] * len(tensors)
         done = 0
+        total = sum(t.nbytes for t in tensors)
         lock = threading.Lock()
+        progress(0, total)
 
         def copy(run: list[int], fd: int) -> None:
             nonlocal done
@@ -339,7 +341,7 @@ class SafetensorsLoader:
                 digests[i] = h.hexdigest() if h is not None else ""
             with lock:
                 done += sum(tensors[i].nbytes for i in run)
-                progress(done)
+                progress(done, total)
 
         def stream(runs: list[list[int]]) -> None:
             # A stream reads its stretch of the checkpoint front to back

@@ -45,12 +45,13 @@ def run(chan: Channel) -> None:
         model = model_from_builtins(raw)
         last = 0.0
 
-        def progress(done: int, name: str = model.name) -> None:
+        def progress(done: int, total: int, name: str = model.name) -> None:
             nonlocal last
             now = time.monotonic()
-            if now - last >= PROGRESS_INTERVAL_S:
+            # The first report (the total) and the last always go out.
+            if now - last >= PROGRESS_INTERVAL_S or done == 0 or done == total:
                 last = now
-                chan.send(FillProgress(model=name, done_bytes=done, total_bytes=0))
+                chan.send(FillProgress(model=name, done_bytes=done, total_bytes=total))
 
         filled = get_loader(model.loader).fill(model, backend, job.instance, progress)
         peak = filled.peak_device_bytes

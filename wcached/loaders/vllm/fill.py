@@ -397,6 +397,8 @@ def fill(model: VllmModel, backend: MemoryBackend, instance: str, progress: Prog
     if device_type != "cpu":
         torch.cuda.synchronize()  # vLLM's kernels have written everything
     done = 0
+    total = sum(g.nbytes for g in storages)
+    progress(0, total)
 
     def copy(index: int, writer: SegmentWriter) -> None:
         nonlocal done
@@ -421,7 +423,7 @@ def fill(model: VllmModel, backend: MemoryBackend, instance: str, progress: Prog
                     digest=_host_digest(t.data_ptr(), nbytes) if digests and nbytes else "",
                 )
             done += group.nbytes
-            progress(done)
+            progress(done, total)
         # This segment holds them now: give vLLM's copies back before the
         # next segment is allocated.
         for i in by_segment[index]:
