@@ -8,6 +8,8 @@ from pathlib import Path
 from wcached.cli import main
 from wcached.errors import EX_CONFIG
 
+REPO = Path(__file__).resolve().parent.parent
+
 
 def test_check_config_ok(cpu_config: Path, capsys) -> None:
     assert main(["check-config", "--config", str(cpu_config)]) == 0
@@ -53,19 +55,6 @@ def test_doctor_reports_a_good_config_and_a_missing_checkpoint(
     assert main(["doctor", "--config", str(missing)]) == 1
     out = capsys.readouterr().out
     assert "FAIL  model m:" in out and "fix: put the checkpoint at" in out
-
-
-def test_status_says_what_the_weights_take_of_the_gpu() -> None:
-    from wcached.cli import memory_note
-
-    ready = {"state": "ready", "bytes": 15 << 30}
-    r = {"instance": "GPU-1", "device_memory_bytes": 140 << 30, "models": [ready]}
-    note = memory_note(r)
-    assert "15.0 GiB = 10.7% of the GPU's 140.0 GiB" in note
-    assert "lower gpu_memory_utilization by 0.107" in note
-    # Host memory, or nothing held: nothing to say.
-    assert memory_note({**r, "device_memory_bytes": 0}) == ""
-    assert memory_note({**r, "models": [{"state": "released", "bytes": 1}]}) == ""
 
 
 def test_check_config_as_the_daemons_user_finds_what_serve_would_trip_over(work: Path, sharded_ckpt) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import subprocess
@@ -48,7 +47,8 @@ def _parser() -> argparse.ArgumentParser:
 
     sp = add("status", "show what the running daemons hold and who is attached", _status)
     sp.add_argument("instance", nargs="?", help="one instance (default: every socket found)")
-    sp.add_argument("--json", action="store_true", help="machine-readable output")
+    sp.add_argument("--json", action="store_true", help="machine-readable output (see --json-schema)")
+    sp.add_argument("--json-schema", action="store_true", help="print the JSON Schema of --json and exit")
     sp.add_argument("--timeout", type=float, default=5.0)
 
     sp = add("release", "drop a model from a daemon (attached clients keep their mappings)", _release)
@@ -135,38 +135,28 @@ def _socket_dir(args: argparse.Namespace) -> str:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from wcached.client.connection import DaemonConnection, socket_path
+    from wcached import status_view
 
+    if args.json_schema:
+        print(json.dumps(status_view.json_schema(), indent=2))
+        return 0
     try:
         sdir = _socket_dir(args)
         unreadable = _unreadable_dir(sdir)
         if unreadable:
             print(f"wcached: {unreadable}", file=sys.stderr)
             return EXIT_DOWN
-        if args.instance:
-            targets = [(args.instance, socket_path(args.instance, sdir))]
-        else:
-            paths = sorted(glob.glob(os.path.join(sdir, "*.sock")))
-            targets = [(os.path.basename(p)[: -len(".sock")], p) for p in paths]
+        views = status_view.gather(sdir, args.instance, args.timeout)
     except WcacheError as e:
         print(f"wcached: {e}", file=sys.stderr)
         return e.exit_status
-    results: list[dict] = []
-    for name, path in targets:
-        try:
-            with DaemonConnection(path, timeout=args.timeout, client="wcached status") as conn:
-                results.append(msgspec.to_builtins(conn.status()))
-        except (WcacheError, OSError) as e:
-            results.append({"instance": name, "state": "down", "error": str(e)})
     if args.json:
-        json.dump(results, sys.stdout, indent=2)
-        print()
-    elif not results:
-        print(f"no daemon sockets in {sdir}")
+        sys.stdout.write(msgspec.json.format(msgspec.json.encode(views), indent=2).decode() + "\n")
+    elif not views:
+        print(f"no daemon sockets in {sdir} and no wcached@ units")
     else:
-        print(_status_table(results))
-    down = not results or any(r["state"] == "down" for r in results)
-    return EXIT_DOWN if down else 0
+        print(status_view.table(views))
+    return 0 if status_view.all_serving(views) else EXIT_DOWN
 
 
 def _unreadable_dir(sdir: str) -> str:
@@ -189,75 +179,6 @@ def _unreadable_dir(sdir: str) -> str:
         f"group {group}): add the user to group {group} (usermod -aG {group} {user}, then log in "
         "again) or run this as root"
     )
-
-
-def _status_table(results: list[dict]) -> str:
-    rows = [("INSTANCE", "STATE", "MODEL", "SIZE", "TENSORS", "CLIENTS", "UPTIME", "PID")]
-    notes: list[str] = []
-    for r in results:
-        if r["state"] == "down":
-            rows.append((r["instance"], "down", "-", "-", "-", "-", "-", "-"))
-            notes.append(f"{r['instance']}: {r['error']}")
-            continue
-        models = r["models"] or [None]
-        for i, m in enumerate(models):
-            first = i == 0
-            rows.append(
-                (
-                    r["instance"] if first else "",
-                    (r["state"] if first else "") if m is None or m["state"] == "ready" else m["state"],
-                    m["name"] if m else "-",
-                    _size(m["bytes"]) if m else "-",
-                    str(m["tensors"]) if m else "-",
-                    str(sum(1 for c in r["clients"] if m and m["name"] in c["models"])),
-                    _duration(r["uptime_s"]) if first else "",
-                    str(r["pid"]) if first else "",
-                )
-            )
-        note = memory_note(r)
-        if note:
-            notes.append(note)
-        for c in r["clients"]:
-            what = ", ".join(c["models"]) or "nothing yet"
-            notes.append(
-                f"{r['instance']}: pid {c['pid']} uid {c['uid']} ({c['client'] or 'client'}) "
-                f"attached to {what} for {_duration(c['connected_s'])}"
-            )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
-    return "\n".join(lines + (["", *notes] if notes else []))
-
-
-def memory_note(r: dict) -> str:
-    """What the weights take of the GPU, and what that means for engines whose
-    vLLM cannot count memory it maps from another process."""
-    total = r.get("device_memory_bytes") or 0
-    held = sum(m["bytes"] for m in r["models"] if m["state"] == "ready")
-    if not total or not held:
-        return ""
-    share = held / total
-    return (
-        f"{r['instance']}: weights take {_size(held)} = {100 * share:.1f}% of the GPU's {_size(total)}; "
-        f"vLLM engines without the external-weight hook (0.26, 0.27) should lower "
-        f"gpu_memory_utilization by {share:.3f}"
-    )
-
-
-def _size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
-
-
-def _duration(s: float) -> str:
-    s = int(s)
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
 def _release(args: argparse.Namespace) -> int:

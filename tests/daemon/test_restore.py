@@ -56,6 +56,10 @@ def test_restart_restores_without_reading_the_checkpoint(work: Path, ckpt: Path,
     try:
         old = attach("default", "cpu0", socket_dir=first.socket_dir)
         segments = len(old.manifest.segments)
+        with DaemonConnection(first.socket_path) as conn:
+            (filled,) = conn.status().models
+        assert filled.origin == "filled"
+        first_fill_seconds = filled.fill_seconds
         # Segments first, the record last, every name saying model and part.
         names = first.notify.stored_names()
         assert names == [fd_name("default", f"seg{i}") for i in range(segments)] + [
@@ -86,8 +90,12 @@ def test_restart_restores_without_reading_the_checkpoint(work: Path, ckpt: Path,
             assert time.monotonic() < deadline, second.log()
             time.sleep(0.1)
         with DaemonConnection(second.socket_path) as conn:
-            pids = [c.pid for c in conn.status().clients]
-        assert os.getpid() in pids
+            st = conn.status()
+        assert os.getpid() in [c.pid for c in st.clients]
+        # Status says where the weights came from, and keeps the fill's time.
+        (model,) = st.models
+        assert model.origin == "restored"
+        assert model.fill_seconds == first_fill_seconds > 0
         assert torch.equal(as_bytes(old.tensors["embed.weight"]), as_bytes(reference["embed.weight"]))
     finally:
         old.close()

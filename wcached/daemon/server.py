@@ -396,6 +396,7 @@ class Server:
             models=[m.status() for m in self.models.values()],
             clients=clients,
             device_memory_bytes=self.device.memory_bytes,
+            device_index=self.device.index,
         )
 
     @staticmethod

@@ -158,6 +158,8 @@ class StatusReply(_Tolerant, tag="status_reply"):
     clients: list[ClientStatus]
     # The GPU's memory (0 for host memory): what the weights take of it.
     device_memory_bytes: int = 0
+    # The GPU's NVML index, or N of cpuN; -1 from a daemon that did not say.
+    device_index: int = -1
 
 
 class Released(_Tolerant, tag="released"):

@@ -1,0 +1,195 @@
+"""``wcached status``: every instance from its socket and its unit, as a
+table and as JSON, against real daemons and systemd's own output."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.helpers import run_daemon, write_config
+from wcached.cli import main
+from wcached.client import attach
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_two_instances_with_clients_as_json_and_table(work: Path, sharded_ckpt: Path) -> None:
+    """Two daemons of one config; two clients on cpu0, one on cpu1: the
+    numbers are the ones this test made."""
+    import torch
+    from safetensors.torch import save_file
+
+    small = work / "small"
+    small.mkdir()
+    save_file({"w": torch.ones(256, 256)}, str(small / "model.safetensors"))
+    cfg = write_config(
+        work / "two.toml",
+        models=[{"name": "big", "path": str(sharded_ckpt)}, {"name": "small", "path": str(small)}],
+        daemon={"socket_dir": str(work / "run2")},
+        instances={"cpu0": {"models": ["big", "small"]}, "cpu1": {"models": ["small"]}},
+    )
+    with run_daemon(cfg, "cpu0") as d0, run_daemon(cfg, "cpu1"):
+        a = attach("big", "cpu0", socket_dir=d0.socket_dir, client="engine-a")
+        b = attach("small", "cpu0", socket_dir=d0.socket_dir, client="engine-b")
+        c = attach("small", "cpu1", socket_dir=d0.socket_dir, client="engine-c")
+        try:
+            argv = [sys.executable, "-m", "wcached", "status", "--config", str(cfg)]
+            r = subprocess.run([*argv, "--json"], capture_output=True, text=True)
+            assert r.returncode == 0, r.stderr
+            views = {v["instance"]: v for v in json.loads(r.stdout)}
+            assert sorted(views) == ["cpu0", "cpu1"]
+            cpu0, cpu1 = views["cpu0"], views["cpu1"]
+            assert cpu0["state"] == cpu1["state"] == "serving"
+            assert cpu0["device"] == "host memory" and cpu0["gpu_uuid"] == ""
+            sizes = {m["name"]: m["bytes"] for m in cpu0["models"]}
+            assert sizes == {"big": a.manifest.total_bytes, "small": b.manifest.total_bytes}
+            assert [m["bytes"] for m in cpu1["models"]] == [256 * 256 * 4]
+            for m in cpu0["models"] + cpu1["models"]:
+                assert m["origin"] == "filled" and m["fill_seconds"] > 0
+            pids = sorted((c["client"], c["models"]) for c in cpu0["clients"])
+            assert pids == [("engine-a", ["big"]), ("engine-b", ["small"])]
+            assert [(c["client"], c["pid"]) for c in cpu1["clients"]] == [("engine-c", os.getpid())]
+
+            r = subprocess.run(argv, capture_output=True, text=True)
+            assert r.returncode == 0, r.stderr
+            lines = r.stdout.splitlines()
+            assert lines[0].split() == [
+                *("INSTANCE", "STATE", "DEVICE", "GPU", "UUID", "MODEL", "SIZE", "TENSORS", "CLIENTS"),
+                *("LAST", "FILL", "UPTIME", "PID"),
+            ]
+            # cpu0: big (1 client), then small (1 client); cpu1: small (1 client).
+            n = len(a.manifest.tensors)
+            row = rf"cpu0 +serving +host memory +- +big +[\d.]+ KiB +{n} +1 +[\d.]+ s, [\d.]+ GB/s +\d+s +\d+"
+            assert re.fullmatch(row, lines[1]), lines
+            assert re.fullmatch(r" +small +256\.0 KiB +1 +1 +[\d.]+ s, [\d.]+ GB/s", lines[2]), lines
+            assert re.match(r"cpu1 +serving +host memory +- +small +256\.0 KiB +1 +1 ", lines[3]), lines
+            assert f"pid {os.getpid()} uid {os.getuid()} (engine-c) attached to small" in r.stdout
+        finally:
+            for x in (a, b, c):
+                x.close()
+
+
+def _model(name: str, nbytes: int, state: str = "ready", origin: str = "filled", seconds: float = 8.0):
+    from wcached.keys import CacheKey
+    from wcached.protocol.messages import ModelStatus
+
+    key = CacheKey(model=name, loader="safetensors", fingerprint="f", dtype="auto")
+    return ModelStatus(
+        name=name,
+        state=state,
+        loader="safetensors",
+        bytes=nbytes,
+        tensors=3,
+        segments=1,
+        key=key,
+        filled_at=0.0,
+        fill_seconds=seconds,
+        origin=origin,
+    )
+
+
+def test_status_says_what_the_weights_take_of_the_gpu() -> None:
+    from wcached.status_view import InstanceView, memory_note
+
+    v = InstanceView(
+        instance="0",
+        instance_id="GPU-1",
+        state="serving",
+        device_memory_bytes=140 << 30,
+        models=[_model("m", 15 << 30)],
+    )
+    note = memory_note(v)
+    assert "15.0 GiB = 10.7% of the GPU's 140.0 GiB" in note
+    assert "lower gpu_memory_utilization by 0.107" in note
+    # Host memory, or nothing held: nothing to say.
+    v.device_memory_bytes = 0
+    assert memory_note(v) == ""
+    v.device_memory_bytes, v.models = 140 << 30, [_model("m", 1, state="released")]
+    assert memory_note(v) == ""
+
+
+def test_last_fill_says_seconds_rate_or_restored() -> None:
+    from wcached.status_view import last_fill
+
+    assert last_fill(_model("m", 16_000_000_000, seconds=8.0)) == "8.0 s, 2.00 GB/s"
+    assert last_fill(_model("m", 16_000_000_000, origin="restored", seconds=8.0)) == "restored (8.0 s fill)"
+
+
+# What `systemctl list-units` and `systemctl show` print for three instances:
+# one filling (no socket yet), one whose config is wrong, one waiting to be
+# restarted after running out of memory.
+LIST_UNITS = """\
+wcached@0.service    loaded activating start   start wcached weight cache for device 0
+wcached@1.service    loaded failed     failed  failed wcached weight cache for device 1
+wcached@cpu2.service loaded activating auto-restart auto-restart wcached weight cache for device cpu2
+"""
+SHOW = """\
+Id=wcached@0.service
+ActiveState=activating
+SubState=start
+Result=success
+StatusText=filling llama (1 of 2): 6.4 of 16.1 GB, 2.10 GB/s, 5 s left
+ExecMainCode=0
+ExecMainStatus=0
+
+Id=wcached@1.service
+ActiveState=failed
+SubState=failed
+Result=exit-code
+StatusText=failed: /etc/wcache/wcached.toml: model[0].dtype: ...
+ExecMainCode=1
+ExecMainStatus=78
+
+Id=wcached@cpu2.service
+ActiveState=activating
+SubState=auto-restart
+Result=exit-code
+StatusText=
+ExecMainCode=1
+ExecMainStatus=75
+"""
+
+
+def test_status_shows_instances_without_a_socket_from_their_units(tmp_path: Path) -> None:
+    import msgspec
+
+    from wcached.status_view import InstanceView, gather, systemd_units, table
+
+    calls: list[list[str]] = []
+
+    def systemctl(args):
+        calls.append(list(args))
+        return LIST_UNITS if args[0] == "list-units" else SHOW
+
+    units = systemd_units(systemctl)
+    assert calls[1][-3:] == ["wcached@0.service", "wcached@1.service", "wcached@cpu2.service"]
+    views = gather(str(tmp_path), None, 1.0, units)
+    by = {v.instance: v for v in views}
+    assert by["0"].state == "filling" and by["0"].exit_status is None
+    assert by["1"].state == "failed" and by["1"].exit_status == 78
+    assert "configuration error (not retried)" in by["1"].exit_meaning
+    assert by["cpu2"].state == "restarting" and by["cpu2"].exit_status == 75
+    assert by["cpu2"].instance_id == "cpu2"
+    text = table(views)
+    assert "0: filling llama (1 of 2): 6.4 of 16.1 GB, 2.10 GB/s, 5 s left" in text
+    assert "1: exit status 78: configuration error (not retried): run wcached check-config" in text
+    assert "journalctl -u wcached@1.service -e" in text
+    assert "cpu2: last run exit status 75: temporary: out of memory" in text
+    # The JSON round-trips through its own schema's types.
+    again = msgspec.json.decode(msgspec.json.encode(views), type=list[InstanceView])
+    assert again == views
+
+
+def test_status_json_schema_is_the_documented_one(capsys) -> None:
+    """docs/status.schema.json is what `wcached status --json-schema` prints:
+    regenerate it with that command when the format changes."""
+    import json
+
+    assert main(["status", "--json-schema"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    documented = json.loads((REPO / "docs" / "status.schema.json").read_text())
+    assert printed == documented
