@@ -291,7 +291,18 @@ def main() -> None:
         assert prop("wcached@cpu2", "ActiveState") == "failed"
         log = sh("journalctl -u wcached@cpu2 --no-pager -o cat").stdout
         assert "broken.toml" in log and "daemon.socket_dri" in log, log
-        return f"ExecMainStatus={status} NRestarts={restarts}"
+        # wcached status shows the instance that has no socket, from its unit.
+        r = sh("wcached status --json")
+        assert r.returncode == 3, (r.returncode, r.stderr)  # not every instance serves
+        by_name = {v["instance"]: v for v in json.loads(r.stdout)}
+        cpu2 = by_name["cpu2"]
+        assert cpu2["state"] == "failed" and cpu2["exit_status"] == 78, cpu2
+        assert cpu2["exit_meaning"].startswith("configuration error (not retried)"), cpu2
+        assert by_name["cpu0"]["state"] == "serving" and by_name["cpu0"]["unit"] == "wcached@cpu0.service"
+        table = sh("wcached status").stdout
+        assert "cpu2: exit status 78: configuration error" in table, table
+        sh("systemctl reset-failed wcached@cpu2")
+        return f"ExecMainStatus={status} NRestarts={restarts}; status table:\n{table}"
 
     @check("startup_failures_under_unit")
     def _():
@@ -487,6 +498,15 @@ def main() -> None:
         sh(f"systemctl restart --no-block {units}", check=True)
         try:
             names = [f"wcached@{i}" for i in instances]
+
+            def filling() -> dict:
+                views = json.loads(sh("wcached status --json").stdout)
+                first = [v for v in views if v["instance"] == instances[0]]
+                return first[0] if first and first[0]["state"] == "filling" else {}
+
+            # While it fills it has no socket: status shows it from its unit.
+            seen = wait_for(filling, 120, f"{instances[0]} to show as filling", step=0.5)
+            assert seen["unit_status"].startswith("filling default"), seen
 
             def settled() -> dict[str, str]:
                 states = {u: prop(u, "ActiveState") for u in names}
