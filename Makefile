@@ -51,7 +51,8 @@ $(eval $(call vllm_venv_rule,$(VLLM_OLD_VENV),$(VLLM_OLD_SPEC)))
 run: venv
 	$(PY) -m wcached.demo --dir build/demo
 
-test: venv
+# The whole suite, the vLLM engine tests included: it builds their venvs first.
+test: venv vllm-venv
 	$(PY) -m pytest -q
 
 # Each safety line broken in turn (tests/mutations/table.py): its tests must fail.

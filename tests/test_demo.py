@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -33,23 +34,36 @@ def test_generated_llama_is_deterministic_and_loadable(tmp_path: Path) -> None:
 
 
 def test_demo_serves_and_stops_on_ctrl_c(tmp_path: Path) -> None:
-    from wcached.client import attach
-
+    """`make run`: how to attach is printed once the daemon answers, and the
+    printed commands work in a new shell that knows nothing of the venv."""
     notify = NotifyListener(tmp_path)
     proc = subprocess.Popen(
         [sys.executable, "-m", "wcached.demo", "--dir", str(tmp_path / "demo")],
         stderr=subprocess.PIPE,
         text=True,
-        env={**__import__("os").environ, "NOTIFY_SOCKET": notify.path},
+        env={**os.environ, "NOTIFY_SOCKET": notify.path},
     )
     try:
-        notify.wait_for("READY=1", 60, proc)
-        with attach("default", "cpu0", socket_dir=str(tmp_path / "demo" / "run")) as a:
-            assert len(a.tensors) == len(llama_shapes(LLAMA_TINY))
+        lines: list[str] = []
+        while not lines or not lines[-1].startswith("Ctrl-C stops it"):
+            line = proc.stderr.readline()
+            assert line, "".join(lines)
+            lines.append(line)
+        err = "".join(lines)
+        assert notify.wait_for("READY=1", 5, proc)
+        # After the daemon said it serves, never before.
+        assert err.index("serving cpu0 on") < err.index("attach from another shell with:"), err
+        commands = [line.strip() for line in lines if line.startswith("  ")]
+        assert len(commands) == 2, err
+        new_shell = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+        for cmd in commands:
+            r = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, env=new_shell, timeout=60)
+            assert r.returncode == 0, (cmd, r.stdout, r.stderr)
+        attached = subprocess.run(["bash", "-c", commands[0]], capture_output=True, text=True, env=new_shell)
+        assert attached.stdout.strip() == f"{len(llama_shapes(LLAMA_TINY))} tensors"
         proc.send_signal(signal.SIGINT)
         assert proc.wait(15) == 0
-        err = proc.stderr.read()
-        assert "attach with:" in err and "received SIGINT" in err
+        assert "received SIGINT" in proc.stderr.read()
     finally:
         if proc.poll() is None:
             proc.kill()

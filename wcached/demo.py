@@ -14,6 +14,8 @@ import os
 import random
 import struct
 import sys
+import threading
+import time
 from pathlib import Path
 
 LLAMA_TINY = {
@@ -144,17 +146,39 @@ def main(argv: list[str] | None = None) -> int:
     if args.generate_only:
         return 0
     sock = root / "run" / f"{args.instance}.sock"
-    print(
-        f"serving {model} on {args.instance}; attach with:\n"
-        f"  python -c \"from wcached.client import attach; a = attach('default', '{args.instance}', "
+    # The commands as a new shell runs them: this interpreter and its
+    # wcached script by their full paths (no venv activated there).
+    python = sys.executable
+    wcached = Path(python).parent / "wcached"
+    wcached_cmd = str(wcached) if wcached.exists() else f"{python} -m wcached"
+    howto = (
+        f"serving {model} on {args.instance}; attach from another shell with:\n"
+        f"  {python} -c \"from wcached.client import attach; a = attach('default', '{args.instance}', "
         f"socket_dir='{sock.parent}'); print(len(a.tensors), 'tensors')\"\n"
-        f"  wcached status --config {config}\n"
-        "Ctrl-C stops it.",
-        file=sys.stderr,
+        f"  {wcached_cmd} status --config {config}\n"
+        "Ctrl-C stops it."
     )
+    threading.Thread(target=_announce_when_ready, args=(str(sock), howto), daemon=True).start()
     from wcached.daemon.service import serve
 
     return serve(args.instance, str(config))
+
+
+def _announce_when_ready(sock: str, howto: str) -> None:
+    """Print how to attach once the daemon answers on its socket (not before:
+    a client started earlier would find nothing there)."""
+    from wcached.client.connection import DaemonConnection
+    from wcached.errors import WcacheError
+
+    while True:
+        try:
+            with DaemonConnection(sock, timeout=2.0, client="make run") as conn:
+                conn.status()
+        except (WcacheError, OSError):
+            time.sleep(0.1)
+            continue
+        print(howto, file=sys.stderr, flush=True)
+        return
 
 
 if __name__ == "__main__":
