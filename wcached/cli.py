@@ -62,7 +62,11 @@ def _parser() -> argparse.ArgumentParser:
 
     sp = add("check-config", "validate the config file and what serve would trip over", _check_config)
     sp.add_argument("--user", default=None, help="check as this user, the daemon's (needs root); e.g. wcache")
-    add("doctor", "say what this host lacks to run wcached, and how to fix it", _doctor)
+    sp = add(
+        "doctor", "say what this host lacks to run wcached, and the command that fixes each problem", _doctor
+    )
+    sp.add_argument("instance", nargs="?", help="check this instance's models and unit only")
+    sp.add_argument("--user", default="wcache", help="the daemon's user, whose access is checked (as root)")
     return p
 
 
@@ -81,7 +85,7 @@ def _verify(args: argparse.Namespace) -> int:
 def _doctor(args: argparse.Namespace) -> int:
     from wcached.doctor import run
 
-    return run(args.config)
+    return run(args.config, args.instance, args.user)
 
 
 def _check_config(args: argparse.Namespace) -> int:

@@ -1,20 +1,31 @@
-"""``wcached doctor``: what this host lacks to run wcached, and how to fix it.
+"""``wcached doctor [INSTANCE]``: what this host lacks to run wcached, and how to fix it.
 
 Every check prints one line, ``ok``, ``warn``, ``FAIL`` or ``info``; each
-failure is followed by the exact fix. Exit status 1 if anything failed.
+problem is followed by the command that fixes it, chosen for that problem (a
+truncated file is not fixed by putting a checkpoint in place, a custom socket
+directory not by the package's tmpfiles line). Exit status 1 if anything failed.
 """
 
 from __future__ import annotations
 
+import errno
+import glob
 import grp
 import importlib
 import os
 import pwd
+import re
+import shlex
+import socket
 import stat
+import subprocess
 import sys
 from dataclasses import dataclass, field
 
-from wcached.errors import WcacheError
+from wcached.errors import EX_CONFIG, EX_DATAERR, EX_SOFTWARE, EX_TEMPFAIL, EX_UNAVAILABLE, WcacheError
+
+PACKAGE_SOCKET_DIR = "/run/wcache"  # what the package's tmpfiles.d line creates
+DAEMON_USER = "wcache"
 
 
 @dataclass
@@ -48,18 +59,36 @@ def _pip(pkg: str) -> str:
     return f"{sys.executable} -m pip install '{pkg}'"
 
 
+# What the daemon imports: module, Debian package, PyPI requirement.
+REQUIRED = (
+    ("msgspec", "python3-msgspec", "msgspec"),
+    ("xxhash", "python3-xxhash", "xxhash"),
+    ("tqdm", "python3-tqdm", "tqdm"),
+    ("prometheus_client", "python3-prometheus-client", "prometheus-client"),
+)
+
+
 def check_python(r: Report) -> None:
     r.ok(f"python {sys.version.split()[0]} at {sys.executable}")
-    for mod, deb, pip in (("msgspec", "python3-msgspec", "msgspec"), ("xxhash", "python3-xxhash", "xxhash")):
+    for mod, deb, pip in REQUIRED:
         m, detail = _module(mod)
         if m is None:
+            in_package = sys.executable.startswith("/usr/bin/")
             r.fail(
                 f"{mod} cannot be imported ({detail})",
-                f"apt install {deb}, or {_pip(pip)} (or set WCACHED_PYTHON in /etc/default/wcached "
-                "to an interpreter that has it)",
+                f"apt install {deb}" if in_package else f"{_pip(pip)} (or apt install {deb})",
             )
         else:
-            r.ok(f"{mod} {detail}")
+            r.ok(f"{mod} {detail or _distribution_version(pip)}")
+
+
+def _distribution_version(name: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return ""
 
 
 def check_config(r: Report, path: str | None):
@@ -68,52 +97,142 @@ def check_config(r: Report, path: str | None):
     try:
         cfg = load_config(path)
     except WcacheError as e:
-        r.fail(f"config: {e}", f"edit {path or default_config_path()}, then run wcached check-config")
+        r.fail(f"config: {e}", f"edit {path or default_config_path()}, then: wcached check-config")
         return None
     r.ok(f"config {cfg.source}: {len(cfg.model)} model(s)")
     return cfg
 
 
-def check_models(r: Report, cfg) -> None:
+def _models_of(cfg, instance: str | None) -> list:
+    if instance is None:
+        return list(cfg.model)
+    from wcached.config import instance_settings
+    from wcached.device import resolve_instance
+
+    try:
+        device = resolve_instance(instance)
+        return list(instance_settings(cfg, device.instance_id, (instance, *device.aliases)).models)
+    except WcacheError:
+        return list(cfg.model)
+
+
+def check_models(r: Report, cfg, models: list) -> None:
     from wcached.loaders.safetensors import read_checkpoint
 
-    for m in cfg.model:
+    for i, m in enumerate(models):
+        key = f"model[{cfg.model.index(m) if m in cfg.model else i}].path in {cfg.source}"
         if m.loader != "safetensors":
-            r.info(f"model {m.name}: loader {m.loader} (checked when filling)")
+            if m.accepts_remote_path and not os.path.isabs(m.path):
+                r.info(f"model {m.name}: {m.loader} loads {m.path} from its hub cache (checked when filling)")
+            elif not os.path.exists(m.path):
+                r.fail(f"model {m.name}: {m.path} does not exist", f"put the checkpoint there, or fix {key}")
+            else:
+                r.info(f"model {m.name}: loader {m.loader} (its files are checked when filling)")
             continue
         try:
             ckpt = read_checkpoint(m.path)
         except WcacheError as e:
-            r.fail(f"model {m.name}: {e}", f"put the checkpoint at {m.path} or fix model.path")
+            r.fail(f"model {m.name}: {e}", _checkpoint_fix(str(e), m.path, key))
             continue
         size = sum(t.nbytes for t in ckpt.tensors)
         files = len(ckpt.files)
         r.ok(f"model {m.name}: {len(ckpt.tensors)} tensors, {size / 2**30:.2f} GiB in {files} file(s)")
 
 
-def check_service_user(r: Report, cfg) -> None:
+def _checkpoint_fix(message: str, path: str, key: str) -> str:
+    """The fix that fits what is wrong with a checkpoint."""
+    if message.startswith(f"checkpoint {path} does not exist"):
+        return f"put the checkpoint at {path}, or fix {key} (is its filesystem mounted? findmnt -T {path})"
+    damaged = re.match(r"(\S+): (truncated|corrupt|tensor)", message)
+    if damaged:
+        file = damaged.group(1)
+        return (
+            f"{file} is incomplete or damaged: copy it again from its source and compare sizes "
+            f"(ls -l {shlex.quote(file)}; sha256sum against the publisher's)"
+        )
+    if "cannot read" in message:
+        return f"let the daemon's user read it: setfacl -R -m u:{DAEMON_USER}:rX {shlex.quote(path)}"
+    if "does not exist" in message or "holds no" in message:
+        return f"the checkpoint at {path} is incomplete: download it again, or fix {key}"
+    return f"repair the checkpoint at {path}, or fix {key}"
+
+
+def check_user_access(r: Report, cfg, models: list, user: str) -> None:
+    """What the daemon's user can read and open, checked as that user."""
     try:
-        pw = pwd.getpwnam("wcache")
+        pwd.getpwnam(user)
     except KeyError:
-        r.info("no wcache user (fine when not installed as a package)")
+        r.info(f"no {user} user: the package's unit runs as it (fine when not installed as a package)")
         return
-    r.ok(f"service user wcache (uid {pw.pw_uid})")
-    if cfg is None:
+    if os.geteuid() != 0:
+        r.info(f"run as root to check what user {user} can read (wcached doctor, or check-config --user)")
         return
+    source = os.path.abspath(cfg.source)
+    argv = [sys.executable, "-m", "wcached", "check-config", "--user", user, "--config", source]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd="/")
+    if out.returncode == 0:
+        r.ok(f"user {user} can read every model path and use the socket directory")
+        return
+    wanted = {m.path for m in models}
+    for line in out.stderr.splitlines():
+        line = line.strip()
+        m = re.match(rf"model\[\d+\] \((.+?)\): user {re.escape(user)} cannot (list|read) (.+)", line)
+        if m:
+            path = next((p for p in wanted if line.endswith(p) or f" in {p}" in line), m.group(3))
+            r.fail(
+                line,
+                f"setfacl -R -m u:{user}:rX {shlex.quote(path)}  "
+                f"(or: chgrp -R {user} {shlex.quote(path)} && chmod -R g+rX {shlex.quote(path)})",
+            )
+        elif line and not line.endswith("checked as user " + user + ":") and "problem(s)" not in line:
+            r.fail(f"as user {user}: {line}", "see the line above; wcached check-config --user " + user)
+
+
+def check_socket_dir(r: Report, cfg) -> None:
+    from wcached.daemon.lock import user_name
+
     sdir = cfg.daemon.socket_dir
+    quoted = shlex.quote(sdir)
+    create = (
+        "systemd-tmpfiles --create wcached.conf"
+        if sdir == PACKAGE_SOCKET_DIR
+        else (
+            f"install -d -o {DAEMON_USER} -g {DAEMON_USER} -m 0750 {quoted} && "
+            f"echo 'd {sdir} 0750 {DAEMON_USER} {DAEMON_USER} -' > /etc/tmpfiles.d/wcached-socket-dir.conf "
+            "(the package's tmpfiles line creates /run/wcache only; this one survives a reboot)"
+        )
+    )
     try:
-        st = os.stat(sdir)
+        st = os.lstat(sdir)
     except FileNotFoundError:
-        r.fail(f"socket directory {sdir} is missing", "systemd-tmpfiles --create wcached.conf")
+        if sdir != PACKAGE_SOCKET_DIR and not _has_user(DAEMON_USER):
+            # Not the package: `wcached serve` creates it (0750) as whoever runs it.
+            r.info(f"socket directory {sdir} does not exist yet; wcached serve creates it")
+        else:
+            r.fail(f"socket directory {sdir} is missing", create)
+        return
+    except PermissionError:
+        r.warn(f"socket directory {sdir} cannot be examined by this user", "run wcached doctor as root")
+        return
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        r.fail(
+            f"socket directory {sdir} is not a directory (a symlink or a file)", f"rm {quoted} && {create}"
+        )
         return
     mode = stat.S_IMODE(st.st_mode)
-    owner = pwd.getpwuid(st.st_uid).pw_name if _has_uid(st.st_uid) else str(st.st_uid)
-    group = grp.getgrgid(st.st_gid).gr_name if _has_gid(st.st_gid) else str(st.st_gid)
-    if owner != "wcache" or mode & 0o007:
-        r.warn(
-            f"socket directory {sdir} is {owner}:{group} {mode:04o}",
-            "expected wcache:wcache 0750: systemd-tmpfiles --create wcached.conf",
+    owner = user_name(st.st_uid)
+    group = _group_name(st.st_gid)
+    fix = f"chown {DAEMON_USER}:{DAEMON_USER} {quoted} && chmod 0750 {quoted}"
+    if mode & 0o002 or (mode & 0o020 and group != DAEMON_USER):
+        r.fail(
+            f"socket directory {sdir} is {owner}:{group} {mode:04o}: others could plant a socket or lock "
+            "there (the daemon refuses it)",
+            fix,
         )
+    elif owner not in ("root", DAEMON_USER) and _has_user(DAEMON_USER):
+        r.fail(f"socket directory {sdir} belongs to {owner} (the daemon refuses it)", fix)
+    elif mode & 0o007:
+        r.warn(f"socket directory {sdir} is {owner}:{group} {mode:04o}: everyone may list it", fix)
     else:
         r.ok(f"socket directory {sdir} {owner}:{group} {mode:04o}")
     for g in cfg.daemon.allowed_groups:
@@ -126,26 +245,29 @@ def check_service_user(r: Report, cfg) -> None:
             )
 
 
-def _has_uid(uid: int) -> bool:
+def _group_name(gid: int) -> str:
     try:
-        pwd.getpwuid(uid)
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
+
+
+def _has_user(name: str) -> bool:
+    try:
+        pwd.getpwnam(name)
         return True
     except KeyError:
         return False
 
 
-def _has_gid(gid: int) -> bool:
-    try:
-        grp.getgrgid(gid)
-        return True
-    except KeyError:
-        return False
+# -- GPUs ---------------------------------------------------------------------
 
 
-def check_gpu(r: Report) -> None:
-    if not os.path.exists("/dev/nvidiactl"):
-        r.info("no NVIDIA driver (/dev/nvidiactl): GPU instances unavailable, cpuN instances work")
+def check_gpu(r: Report, dev: str = "/dev", sys_module: str = "/sys/module") -> None:
+    if not os.path.exists(os.path.join(dev, "nvidiactl")):
+        r.info(f"no NVIDIA driver ({dev}/nvidiactl): GPU instances unavailable, cpuN instances work")
         return
+    check_device_nodes(r, dev, sys_module)
     nvml, detail = _module("pynvml")
     if nvml is None:
         r.fail(f"nvidia-ml-py cannot be imported ({detail})", _pip("nvidia-ml-py"))
@@ -158,14 +280,14 @@ def check_gpu(r: Report) -> None:
                 r.ok(f"GPU {i}: {_text(nvml.nvmlDeviceGetName(h))} {_text(nvml.nvmlDeviceGetUUID(h))}")
             nvml.nvmlShutdown()
         except Exception as e:
-            r.fail(f"NVML does not start: {e}", "check the NVIDIA driver (nvidia-smi)")
+            r.fail(f"NVML does not start: {e}", "check the NVIDIA driver: nvidia-smi")
     cb, detail = _module("cuda.bindings.driver")
     if cb is None:
         r.fail(
             f"cuda-bindings cannot be imported ({detail}): the loader worker needs it", _pip("wcached[cuda]")
         )
     else:
-        r.ok("cuda-bindings")
+        check_vmm(r)
     torch, detail = _module("torch")
     if torch is None:
         r.warn(f"torch cannot be imported ({detail}): needed by clients and dtype casts", _pip("torch"))
@@ -173,25 +295,151 @@ def check_gpu(r: Report) -> None:
         r.ok(f"torch {detail}")
 
 
+def check_device_nodes(r: Report, dev: str = "/dev", sys_module: str = "/sys/module") -> None:
+    """The character devices the unit's DeviceAllow= opens, and nvidia-uvm
+    (CUDA's unified memory module: no CUDA context starts without it)."""
+    if not os.path.isdir(os.path.join(sys_module, "nvidia_uvm")):
+        r.fail("kernel module nvidia-uvm is not loaded", "modprobe nvidia-uvm && nvidia-modprobe -u -c=0")
+    missing = [n for n in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools") if not os.path.exists(f"{dev}/{n}")]
+    gpus = sorted(glob.glob(os.path.join(dev, "nvidia[0-9]*")))
+    if not gpus:
+        missing.append("nvidia0 ...")
+    if missing:
+        r.fail(
+            f"NVIDIA device nodes missing: {', '.join(f'{dev}/{n}' for n in missing)}",
+            "nvidia-modprobe -u -c=0 (creates them; or run nvidia-smi once as root), "
+            "then restart the instances",
+        )
+    else:
+        r.ok(f"NVIDIA device nodes: nvidiactl, nvidia-uvm, {len(gpus)} GPU node(s)")
+
+
+def check_vmm(r: Report) -> None:
+    """CUDA virtual memory management with POSIX fd export, per GPU: how a
+    daemon hands its memory to engines."""
+    from wcached.memory import cuda
+
+    try:
+        cu = cuda.driver()
+        count = cuda.check(cu.cuDeviceGetCount(), "cuDeviceGetCount")
+    except Exception as e:
+        r.fail(
+            f"the CUDA driver does not start: {e}",
+            "check the NVIDIA driver: nvidia-smi; dmesg | grep -i nvrm",
+        )
+        return
+    for i in range(count):
+        try:
+            uuid = cuda.vmm_fd_export(i)
+        except WcacheError as e:
+            r.fail(str(e), "install a Linux NVIDIA driver >= 450 (nvidia-smi shows the version)")
+        else:
+            r.ok(f"GPU {i} ({uuid}): VMM with POSIX fd export")
+
+
 def _text(v: str | bytes) -> str:
     return v.decode() if isinstance(v, bytes) else v
 
 
-def run(config: str | None) -> int:
+# -- systemd ------------------------------------------------------------------
+
+# The fix for each exit status the unit can end with (status_view has what it means).
+EXIT_FIXES = {
+    EX_CONFIG: "wcached check-config --user wcache; fix what it names, then: systemctl restart {unit}",
+    EX_DATAERR: "journalctl -u {unit} -e names the file and tensor: copy that file again, "
+    "then: systemctl restart {unit}",
+    EX_UNAVAILABLE: "mount the checkpoint's filesystem (the unit retries by itself): findmnt; "
+    "journalctl -u {unit} -e",
+    EX_TEMPFAIL: "free memory on the device (nvidia-smi shows who holds it) or fill fewer models; "
+    "the unit retries by itself: journalctl -u {unit} -e",
+    EX_SOFTWARE: "a bug: journalctl -u {unit} -e has the traceback; report it, "
+    "then: systemctl restart {unit}",
+}
+
+
+def check_units(r: Report, instance: str | None, units=None) -> None:
+    from wcached.status_view import canonical_instance, exit_meaning, systemd_units
+
+    units = systemd_units() if units is None else units
+    if instance is not None:
+        wanted = canonical_instance(instance)
+        units = [u for u in units if u.instance == instance or canonical_instance(u.instance) == wanted]
+        if not units:
+            r.info(f"no loaded unit wcached@{instance}: start it with systemctl start wcached@{instance}")
+            return
+    for u in units:
+        state = f"{u.active_state}/{u.sub_state}"
+        failed = u.result not in ("", "success") and u.exit_status is not None
+        if not failed:
+            r.ok(f"{u.unit}: {state}" + (f" ({u.status_text})" if u.status_text else ""))
+            continue
+        meaning = exit_meaning(u.exit_code, u.exit_status)
+        fix = (
+            EXIT_FIXES.get(u.exit_status, "journalctl -u {unit} -e")
+            if u.exit_code == "exited"
+            else ("journalctl -k | grep -i -e oom -e killed; journalctl -u {unit} -e")
+        )
+        r.fail(f"{u.unit}: {state}, last exit status {u.exit_status}: {meaning}", fix.format(unit=u.unit))
+
+
+# -- tensor-parallel fills -------------------------------------------------------
+
+
+def check_parallel_fill(r: Report, models: list, net: str = "/sys/class/net") -> None:
+    """A vLLM fill over several instances: their ranks meet over loopback
+    TCP (the rendezvous, gloo, NCCL's bootstrap, all on ``lo``)."""
+    parallel = [m for m in models if m.loader == "vllm" and getattr(m, "world_size", 1) > 1]
+    if not parallel:
+        return
+    try:
+        flags = int(open(os.path.join(net, "lo", "flags")).read(), 16)
+    except (OSError, ValueError):
+        flags = 0
+    if not flags & 0x1:  # IFF_UP
+        r.fail(
+            "the loopback interface lo is down or missing: tensor-parallel ranks cannot meet",
+            "ip link set lo up",
+        )
+    else:
+        r.ok("loopback interface lo is up (tensor-parallel ranks meet there)")
+    for m in parallel:
+        host, port = m.rendezvous.removeprefix("tcp://").rsplit(":", 1)
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            s.bind((socket.gethostbyname(host), int(port)))
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                r.warn(
+                    f"model {m.name}: rendezvous port {port} is in use (by a fill under way, or by another "
+                    "service: the ranks would not meet)",
+                    f"ss -ltnp 'sport = :{port}' shows who holds it; pick a free port for model.rendezvous",
+                )
+            else:
+                r.fail(
+                    f"model {m.name}: cannot bind the rendezvous {m.rendezvous}: {e}", "fix model.rendezvous"
+                )
+        else:
+            r.ok(f"model {m.name}: {m.world_size} ranks can meet at {m.rendezvous}")
+        finally:
+            s.close()
+
+
+def run(config: str | None, instance: str | None = None, user: str = DAEMON_USER) -> int:
     r = Report()
     check_python(r)
-    if r.failed:
-        print("\n".join(r.lines))
-        return 1
     cfg = check_config(r, config)
     if cfg is not None:
-        check_models(r, cfg)
+        models = _models_of(cfg, instance)
+        check_models(r, cfg, models)
         if cfg.daemon.worker_python and not os.access(cfg.daemon.worker_python, os.X_OK):
             r.fail(
                 f"daemon.worker_python {cfg.daemon.worker_python} is not executable",
-                "point it at an interpreter, or leave it empty",
+                f"point daemon.worker_python in {cfg.source} at an interpreter, or leave it empty",
             )
-    check_service_user(r, cfg)
+        check_user_access(r, cfg, models, user)
+        check_socket_dir(r, cfg)
+        check_parallel_fill(r, models)
+    check_units(r, instance)
     check_gpu(r)
     print("\n".join(r.lines))
     print(f"\n{r.failed} problem(s)" if r.failed else "\nno problems found")

@@ -190,7 +190,7 @@ def _unit_view(u: UnitInfo, instance_id: str) -> InstanceView:
     return view
 
 
-def _canonical(name: str) -> str:
+def canonical_instance(name: str) -> str:
     """The instance id a unit's instance name stands for ("0" -> "GPU-...")."""
     from wcached.device import instance_id_for
 
@@ -216,9 +216,9 @@ def gather(
     units = systemd_units() if units is None else units
     by_id: dict[str, UnitInfo] = {}
     for u in units:
-        by_id.setdefault(_canonical(u.instance), u)
+        by_id.setdefault(canonical_instance(u.instance), u)
     if only:
-        wanted = _canonical(only)
+        wanted = canonical_instance(only)
         targets = [(wanted, socket_path(only, socket_dir))]
         by_id = {k: v for k, v in by_id.items() if k == wanted}
     else:

@@ -107,6 +107,17 @@ def device_ordinal(uuid: str) -> int:
     )
 
 
+def vmm_fd_export(ordinal: int) -> str:
+    """The UUID of the GPU at CUDA ``ordinal`` if its driver supports VMM with
+    POSIX fd export (what a daemon needs to share memory); DeviceError naming
+    what is missing otherwise."""
+    cu = driver()
+    dev = check(cu.cuDeviceGet(ordinal), "cuDeviceGet")
+    uuid = format_uuid(bytes(check(cu.cuDeviceGetUuid(dev), "cuDeviceGetUuid").bytes))
+    _vmm_support(cu, dev, uuid)
+    return uuid
+
+
 def _allocation_prop(cu: Any, ordinal: int) -> Any:
     prop = cu.CUmemAllocationProp()
     prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED

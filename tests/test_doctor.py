@@ -1,0 +1,175 @@
+"""``wcached doctor``: planted problems are found, each with the fix that fits it."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.helpers import REPO, require_other_users, write_config
+from wcached.doctor import Report, check_device_nodes, check_parallel_fill, check_units
+
+
+def _doctor(cfg: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    argv = [sys.executable, "-m", "wcached", "doctor", "--config", str(cfg), *args]
+    full = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    return subprocess.run(argv, capture_output=True, text=True, env=full, timeout=120, cwd="/")
+
+
+def _problem(out: str, what: str) -> tuple[str, str]:
+    """The FAIL/warn line containing ``what`` and the fix under it."""
+    lines = out.splitlines()
+    for i, line in enumerate(lines):
+        if what in line and line.startswith(("FAIL", "warn")):
+            fix = lines[i + 1].strip() if i + 1 < len(lines) else ""
+            return line, fix.removeprefix("fix: ")
+    raise AssertionError(f"no problem mentioning {what!r} in:\n{out}")
+
+
+def test_planted_problems_are_reported_with_their_fixes(work: Path, sharded_ckpt: Path) -> None:
+    import shutil
+
+    require_other_users()
+    ckpt = Path(shutil.copytree(sharded_ckpt, work / "private"))
+    ckpt.chmod(0o700)  # the daemon's user cannot list it
+    truncated = Path(shutil.copytree(sharded_ckpt, work / "truncated"))
+    shard = sorted(truncated.glob("*.safetensors"))[0]
+    shard.write_bytes(shard.read_bytes()[:20])
+    run = work / "run"
+    run.mkdir()
+    run.chmod(0o777)  # anyone could plant a socket there
+    # A required package that does not import.
+    shadow = work / "shadow" / "tqdm"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('planted by the test')\n")
+    cfg = write_config(
+        work / "wcached.toml",
+        models=[{"name": "private", "path": str(ckpt)}, {"name": "cut", "path": str(truncated)}],
+        daemon={"socket_dir": str(run)},
+    )
+    r = _doctor(cfg, "--user", "nobody", env={"PYTHONPATH": f"{shadow.parent}:{REPO}"})
+    assert r.returncode == 1, r.stdout + r.stderr
+    out = r.stdout
+
+    line, fix = _problem(out, "tqdm cannot be imported")
+    assert "planted by the test" in line
+    assert "pip install 'tqdm'" in fix and "python3-tqdm" in fix
+
+    line, fix = _problem(out, "user nobody cannot list")
+    assert str(ckpt) in line
+    assert fix.startswith(f"setfacl -R -m u:nobody:rX {ckpt}"), fix
+
+    line, fix = _problem(out, "model cut:")
+    assert shard.name in line and "truncated" in line
+    # A truncated file is copied again, not "put in place".
+    assert fix.startswith(f"{shard} is incomplete or damaged: copy it again"), fix
+    assert "put the checkpoint" not in fix
+
+    line, fix = _problem(out, f"socket directory {run}")
+    assert "0777" in line
+    assert fix == f"chown wcache:wcache {run} && chmod 0750 {run}"
+    assert out.rstrip().endswith(f"{r.stdout.count('FAIL')} problem(s)")
+
+
+def test_missing_checkpoint_and_custom_socket_dir_get_their_own_fixes(tmp_path: Path) -> None:
+    from wcached.doctor import check_socket_dir
+
+    cfg = write_config(
+        tmp_path / "w.toml",
+        models=[{"name": "m", "path": str(tmp_path / "none")}],
+        daemon={"socket_dir": str(tmp_path / "sockets")},
+    )
+    r = _doctor(cfg)
+    _, fix = _problem(r.stdout, "model m:")
+    assert fix.startswith(f"put the checkpoint at {tmp_path / 'none'}, or fix model[0].path in {cfg}"), fix
+
+    class Cfg:
+        class daemon:
+            socket_dir = "/srv/wcache-sockets"
+            allowed_groups: list[str] = []
+
+    report = Report()
+    import wcached.doctor as doctor
+
+    has_user = doctor._has_user
+    doctor._has_user = lambda name: True  # as on a host with the package
+    try:
+        check_socket_dir(report, Cfg)
+    finally:
+        doctor._has_user = has_user
+    text = "\n".join(report.lines)
+    # Not the package's tmpfiles line, which makes /run/wcache only.
+    assert "install -d -o wcache -g wcache -m 0750 /srv/wcache-sockets" in text, text
+    assert "/etc/tmpfiles.d/wcached-socket-dir.conf" in text and "wcached.conf" not in text.replace(
+        "wcached-socket-dir.conf", ""
+    )
+
+
+def test_failed_unit_gets_the_fix_for_its_exit_status() -> None:
+    from tests.test_status_view import LIST_UNITS, SHOW
+    from wcached.status_view import systemd_units
+
+    units = systemd_units(lambda args: LIST_UNITS if args[0] == "list-units" else SHOW)
+    report = Report()
+    check_units(report, None, units)
+    text = "\n".join(report.lines)
+    assert "ok    wcached@0.service: activating/start (filling llama (1 of 2)" in text
+    line, fix = _problem(text, "wcached@1.service")
+    assert "last exit status 78: configuration error" in line
+    assert (
+        fix.startswith("wcached check-config --user wcache") and "systemctl restart wcached@1.service" in fix
+    )
+    line, fix = _problem(text, "wcached@cpu2.service")
+    assert "exit status 75" in line and "nvidia-smi" in fix
+    assert report.failed == 2
+    # One instance: only its unit.
+    one = Report()
+    check_units(one, "1", units)
+    assert len(one.lines) == 1 and "wcached@1.service" in one.lines[0]
+
+
+def test_nvidia_device_nodes_and_uvm_module(tmp_path: Path) -> None:
+    dev, mods = tmp_path / "dev", tmp_path / "module"
+    dev.mkdir()
+    mods.mkdir()
+    (dev / "nvidiactl").touch()
+    (dev / "nvidia0").touch()
+    report = Report()
+    check_device_nodes(report, str(dev), str(mods))
+    text = "\n".join(report.lines)
+    line, fix = _problem(text, "nvidia-uvm is not loaded")
+    assert fix == "modprobe nvidia-uvm && nvidia-modprobe -u -c=0"
+    line, fix = _problem(text, "device nodes missing")
+    assert f"{dev}/nvidia-uvm" in line and f"{dev}/nvidia-uvm-tools" in line and "nvidia0" not in line
+    assert fix.startswith("nvidia-modprobe -u -c=0")
+    # All there: one ok line.
+    (mods / "nvidia_uvm").mkdir()
+    (dev / "nvidia-uvm").touch()
+    (dev / "nvidia-uvm-tools").touch()
+    ok = Report()
+    check_device_nodes(ok, str(dev), str(mods))
+    assert ok.failed == 0 and ok.lines == ["ok    NVIDIA device nodes: nvidiactl, nvidia-uvm, 1 GPU node(s)"]
+
+
+def test_tensor_parallel_rendezvous_port_held_by_another_process() -> None:
+    from wcached.loaders.vllm import VllmModel
+
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    port = held.getsockname()[1]
+    model = VllmModel(name="big", path="/m", tensor_parallel_size=2, rendezvous=f"tcp://127.0.0.1:{port}")
+    try:
+        report = Report()
+        check_parallel_fill(report, [model])
+    finally:
+        held.close()
+    text = "\n".join(report.lines)
+    assert "ok    loopback interface lo is up" in text, text
+    _, fix = _problem(text, f"rendezvous port {port} is in use")
+    assert fix.startswith(f"ss -ltnp 'sport = :{port}'")
+    free = Report()
+    check_parallel_fill(free, [model])
+    assert f"ok    model big: 2 ranks can meet at tcp://127.0.0.1:{port}" in free.lines
