@@ -107,6 +107,14 @@ def test_instance_table_matches_gpu_alias(tmp_path: Path) -> None:
             "model[0].ranks",
             "same rank",
         ),
+        ("[daemon]\nmetrics_port = 65536\n", "daemon.metrics_port", "65536 is outside 1..65535"),
+        ("[daemon]\nmetrics_port = -1\n", "daemon.metrics_port", "-1 is outside 1..65535"),
+        ('[daemon]\nmetrics_port = "9400"\n', "daemon.metrics_port", "Expected `int`"),
+        ('[daemon]\nmetrics_dir = "metrics"\n', "daemon.metrics_dir", "must be an absolute path"),
+        ("[daemon]\nmetrics_dir = 1\n", "daemon.metrics_dir", "Expected `str`"),
+        ('[instance."cpu1"]\nmetrics_port = 70000\n', "instance.cpu1.metrics_port", "70000 is outside"),
+        ('[instance."0"]\nmetrics_port = -5\n', "instance.0.metrics_port", "-5 is outside"),
+        ('[instance."cpu1"]\nmetrics_dir = "/x"\n', "instance.cpu1.metrics_dir", "unknown key"),
     ],
 )
 def test_mistakes_name_file_and_key(tmp_path: Path, text: str, key: str, problem: str) -> None:
@@ -157,3 +165,55 @@ def test_socket_dir_too_long_for_a_unix_socket(tmp_path: Path) -> None:
         text=True,
     )
     assert r.returncode == EX_CONFIG and "daemon.socket_dir" in r.stderr and "too long" in r.stderr
+
+
+METRICS = """
+[daemon]
+socket_dir = "/run/wcache"
+metrics_dir = "/var/lib/prometheus/node-exporter"
+metrics_port = 9400
+
+[instance."cpu2"]
+metrics_port = 9500
+
+[instance."3"]
+metrics_port = 0
+"""
+
+
+def test_metrics_keys_resolve_per_instance(tmp_path: Path) -> None:
+    cfg = load_config(_write(tmp_path, METRICS))
+    # The daemon's port plus the device index: one line for every device.
+    s0 = instance_settings(cfg, "cpu0")
+    assert (s0.metrics_port, s0.metrics_port_key) == (9400, "daemon.metrics_port")
+    assert s0.metrics_dir == "/var/lib/prometheus/node-exporter"
+    assert s0.metrics_path == "/var/lib/prometheus/node-exporter/wcached-cpu0.prom"
+    assert instance_settings(cfg, "cpu1").metrics_port == 9401
+    # A GPU by UUID: its index given (what serve does), or found among its names.
+    uuid = "GPU-8d3c5a5e-0b7c-4b1e-9d2f-0123456789ab"
+    assert instance_settings(cfg, uuid, (uuid,), index=5).metrics_port == 9405
+    assert instance_settings(cfg, uuid, ("1",)).metrics_port == 9401
+    gpu = instance_settings(cfg, uuid, ("2",))
+    assert gpu.metrics_port == 9402
+    assert gpu.metrics_path == f"/var/lib/prometheus/node-exporter/wcached-{uuid}.prom"
+    # An instance's own port is taken exactly, and names its key.
+    s2 = instance_settings(cfg, "cpu2")
+    assert (s2.metrics_port, s2.metrics_port_key) == (9500, "instance.cpu2.metrics_port")
+    # 0 in an instance table: no endpoint for that one (matched by its index alias).
+    s3 = instance_settings(cfg, uuid, ("3",), index=3)
+    assert (s3.metrics_port, s3.metrics_port_key) == (0, "instance.3.metrics_port")
+
+
+def test_metrics_off_by_default(tmp_path: Path) -> None:
+    s = instance_settings(load_config(_write(tmp_path, GOOD)), "cpu3")
+    assert (s.metrics_port, s.metrics_dir, s.metrics_path) == (0, "", "")
+
+
+def test_metrics_port_plus_index_over_65535_names_the_key(tmp_path: Path) -> None:
+    path = _write(tmp_path, "[daemon]\nmetrics_port = 65534\n")
+    cfg = load_config(path)
+    assert instance_settings(cfg, "cpu1").metrics_port == 65535
+    with pytest.raises(ConfigError) as e:
+        instance_settings(cfg, "cpu2")
+    assert e.value.key == "daemon.metrics_port" and str(path) in str(e.value)
+    assert "65534 + device index 2 of cpu2 = 65536 is over 65535" in e.value.problem

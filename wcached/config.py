@@ -25,6 +25,8 @@ DEFAULT_CONFIG_PATH = "/etc/wcache/wcached.toml"
 MAX_SOCKET_PATH = 107
 LONGEST_SOCKET_NAME = "GPU-00000000-0000-0000-0000-000000000000.sock"
 CONFIG_ENV = "WCACHED_CONFIG"
+MAX_PORT = 65535
+_INDEX_RE = re.compile(r"^(?:cpu)?(\d+)$")
 
 
 class _Table(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -43,6 +45,12 @@ class DaemonConfig(_Table):
     # empty means the daemon's own interpreter.
     worker_python: str = ""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # node-exporter's textfile collector directory: each instance keeps
+    # <metrics_dir>/wcached-<instance id>.prom there. Empty: none written.
+    metrics_dir: str = ""
+    # /metrics over HTTP on 127.0.0.1:<metrics_port + device index>, so that
+    # one line serves every GPU of a host; 0: off.
+    metrics_port: int = 0
 
 
 class InstanceConfig(_Table):
@@ -51,6 +59,8 @@ class InstanceConfig(_Table):
     allowed_groups: list[str] | None = None
     connection_timeout_s: float | None = None
     max_clients: int | None = None
+    # This instance's port exactly (no index added); 0: no HTTP endpoint here.
+    metrics_port: int | None = None
 
 
 class Config(_Table):
@@ -75,6 +85,11 @@ class InstanceSettings(msgspec.Struct, frozen=True, kw_only=True):
     max_clients: int
     worker_python: str
     log_level: str
+    metrics_dir: str = ""
+    # Resolved: the daemon's base plus the device index, or the instance's own.
+    metrics_port: int = 0
+    # The key metrics_port came from, for errors about the port (in use).
+    metrics_port_key: str = "daemon.metrics_port"
     # The config file this came from (for errors that name it).
     source: str = ""
 
@@ -85,6 +100,13 @@ class InstanceSettings(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def lock_path(self) -> str:
         return os.path.join(self.socket_dir, f"{self.instance_id}.lock")
+
+    @property
+    def metrics_path(self) -> str:
+        """The textfile collector's file of this instance ("" without metrics_dir)."""
+        if not self.metrics_dir:
+            return ""
+        return os.path.join(self.metrics_dir, f"wcached-{self.instance_id}.prom")
 
 
 def default_config_path() -> str:
@@ -233,6 +255,13 @@ def _check(cfg: Config, path: str) -> None:
         raise ConfigError(path, "daemon.connection_timeout_s", "must be > 0")
     if d.max_clients < 1:
         raise ConfigError(path, "daemon.max_clients", "must be >= 1")
+    if d.metrics_dir and not os.path.isabs(d.metrics_dir):
+        # Not resolved against the config's directory like socket_dir: a
+        # textfile collector directory is a system path, and a relative one
+        # is more likely a typo than a wish.
+        raise ConfigError(path, "daemon.metrics_dir", f"must be an absolute path, not {d.metrics_dir!r}")
+    if d.metrics_port != 0 and not 1 <= d.metrics_port <= MAX_PORT:
+        raise ConfigError(path, "daemon.metrics_port", f"{d.metrics_port} is outside 1..{MAX_PORT} (0: off)")
     seen: set[str] = set()
     for i, m in enumerate(cfg.model):
         key = f"model[{i}]"
@@ -249,6 +278,11 @@ def _check(cfg: Config, path: str) -> None:
             raise ConfigError(path, f"instance.{name}.connection_timeout_s", "must be > 0")
         if inst.max_clients is not None and inst.max_clients < 1:
             raise ConfigError(path, f"instance.{name}.max_clients", "must be >= 1")
+        port = inst.metrics_port
+        if port is not None and port != 0 and not 1 <= port <= MAX_PORT:
+            raise ConfigError(
+                path, f"instance.{name}.metrics_port", f"{port} is outside 1..{MAX_PORT} (0: off)"
+            )
 
 
 def check_socket_path(cfg: Config, name: str = LONGEST_SOCKET_NAME) -> None:
@@ -265,13 +299,21 @@ def check_socket_path(cfg: Config, name: str = LONGEST_SOCKET_NAME) -> None:
         )
 
 
-def instance_settings(cfg: Config, instance_id: str, names: tuple[str, ...] = ()) -> InstanceSettings:
+def instance_settings(
+    cfg: Config, instance_id: str, names: tuple[str, ...] = (), index: int | None = None
+) -> InstanceSettings:
     """Overlay the ``[instance."<id>"]`` table matching the canonical id or any
-    other name the instance goes by (a GPU index next to its UUID)."""
+    other name the instance goes by (a GPU index next to its UUID).
+
+    ``index``: the device's index (cpuN -> N, a GPU's NVML index), which
+    ``daemon.metrics_port`` is offset by; without it, taken from a ``cpuN`` or
+    index name (0 for a bare UUID, whose index only NVML knows)."""
     table = InstanceConfig()
+    table_name = ""
     for key in (instance_id, *names):
         if key in cfg.instance:
             table = cfg.instance[key]
+            table_name = key
             break
     if table.models is None:
         models = tuple(cfg.model)
@@ -280,6 +322,21 @@ def instance_settings(cfg: Config, instance_id: str, names: tuple[str, ...] = ()
         models = tuple(by_name[n] for n in table.models)
     d = cfg.daemon
     check_socket_path(cfg, f"{instance_id}.sock")
+    if table.metrics_port is not None:
+        metrics_port, port_key = table.metrics_port, f"instance.{table_name}.metrics_port"
+    else:
+        metrics_port, port_key = d.metrics_port, "daemon.metrics_port"
+        if metrics_port:
+            if index is None:
+                index = _device_index(instance_id, names)
+            metrics_port += index
+            if metrics_port > MAX_PORT:
+                raise ConfigError(
+                    cfg.source,
+                    port_key,
+                    f"{d.metrics_port} + device index {index} of {instance_id} = {metrics_port} "
+                    f"is over {MAX_PORT}: lower it, or give this instance a metrics_port of its own",
+                )
     return InstanceSettings(
         instance_id=instance_id,
         socket_dir=d.socket_dir,
@@ -290,5 +347,16 @@ def instance_settings(cfg: Config, instance_id: str, names: tuple[str, ...] = ()
         max_clients=table.max_clients or d.max_clients,
         worker_python=d.worker_python,
         log_level=d.log_level,
+        metrics_dir=d.metrics_dir,
+        metrics_port=metrics_port,
+        metrics_port_key=port_key,
         source=cfg.source,
     )
+
+
+def _device_index(instance_id: str, names: tuple[str, ...]) -> int:
+    for name in (instance_id, *names):
+        m = _INDEX_RE.match(name)
+        if m:
+            return int(m.group(1))
+    return 0

@@ -1,13 +1,15 @@
 """The .deb under a real systemd: a debootstrapped Debian root booted with
 systemd-nspawn runs tests/packaging/in_container.py as a oneshot unit.
 
-The root (Debian 13, with python3-msgspec, python3-xxhash and lintian) is built
-once and cached in build/nspawn/ (git-ignored); it is booted with
---volatile=overlay, so every run starts from the pristine tree.
+The root (Debian 13, with the package's dependencies and lintian) is built
+once and cached in build/nspawn/ (git-ignored), under a name that carries a
+hash of its package list; it is booted with --volatile=overlay, so every run
+starts from the pristine tree.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -23,7 +25,6 @@ from tests.helpers import REPO
 NSPAWN_DIR = REPO / "build" / "nspawn"
 VLLM_VENV = REPO / "build" / "vllm-venv"
 CONTAINER_VENV = "/opt/wcache-test/vllm-venv"
-ROOTFS = NSPAWN_DIR / "rootfs-trixie"
 TOOLS = NSPAWN_DIR / "tools"
 SUITE = "trixie"
 MIRROR = "http://deb.debian.org/debian"
@@ -34,11 +35,15 @@ PACKAGES = [
     "python3",
     "python3-msgspec",
     "python3-xxhash",
+    "python3-prometheus-client",
     "lintian",
     # debootstrap does not resolve the virtual perl-openssl-abi-3 lintian needs.
     "perl-openssl-defaults",
     "init-system-helpers",
 ]
+# A changed package list builds a root of its own instead of reusing one that
+# lacks a new dependency (the marker below guards an interrupted build).
+ROOTFS = NSPAWN_DIR / f"rootfs-{SUITE}-{hashlib.sha256(' '.join(sorted(PACKAGES)).encode()).hexdigest()[:8]}"
 
 CHECKS = [
     "install",
@@ -120,8 +125,10 @@ def _rootfs(x: Path) -> Path:
     marker = ROOTFS / ".wcached-complete"
     if marker.exists() and marker.read_text() == " ".join(PACKAGES):
         return ROOTFS
-    if ROOTFS.exists():
-        shutil.rmtree(ROOTFS)
+    # Roots of earlier package lists go: each takes hundreds of MiB.
+    for old in NSPAWN_DIR.glob(f"rootfs-{SUITE}*"):
+        if old.is_dir() and not old.is_symlink():
+            shutil.rmtree(old)
     env = dict(os.environ, DEBOOTSTRAP_DIR=str(x / "usr" / "share" / "debootstrap"))
     r = subprocess.run(
         [

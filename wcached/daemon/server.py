@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from wcached import __version__
 from wcached.config import InstanceSettings
+from wcached.daemon.metrics import NoMetrics
 from wcached.daemon.peers import AccessPolicy, PeerCredentials
 from wcached.daemon.state import HeldModel
 from wcached.device import Device
@@ -94,17 +95,24 @@ class Server:
         device: Device,
         models: dict[str, HeldModel],
         policy: AccessPolicy,
+        metrics: NoMetrics | None = None,
     ):
         self.settings = settings
         self.device = device
         self.models = models
         self.policy = policy
+        # Counters incremented here (nothing is, with metrics off); the
+        # gauges read status() when scraped.
+        self.metrics = metrics or NoMetrics()
+        self.metrics.watch(self.status)
         self.started = time.monotonic()
         self.state = "serving"
         self.listener: socket.socket | None = None
         self._sessions: dict[int, Session] = {}
         self._lock = threading.Lock()
-        self.changed = threading.Event()  # client count changed: refresh STATUS=
+        # Something counted changed (a client, an attach, an error reply, a
+        # release): refresh STATUS= and the metrics textfile.
+        self.changed = threading.Event()
         self._threads = 0  # connection threads running (at most max_clients)
         self._starved = False  # accept() ran out of fds
         self._busy_refused = 0
@@ -186,9 +194,7 @@ class Server:
                 )
                 self._busy_refused = 0
                 self._busy_logged_at = now
-            self._try_send(
-                Channel(conn, Request), ErrorReply(code=Busy.code, message="too many clients"), 0.0
-            )
+            self._try_send(Channel(conn, Request), self._error_reply(Busy.code, "too many clients"), 0.0)
 
     def _serve_counted(self, conn: socket.socket) -> None:
         try:
@@ -237,9 +243,9 @@ class Server:
                 log.warning("refused pid %d uid %d gid %d: not allowed", peer.pid, peer.uid, peer.gid)
                 self._try_send(
                     chan,
-                    ErrorReply(
-                        code=PermissionRefused.code,
-                        message=f"uid {peer.uid} is not allowed to attach to {self.device.instance_id}",
+                    self._error_reply(
+                        PermissionRefused.code,
+                        f"uid {peer.uid} is not allowed to attach to {self.device.instance_id}",
                     ),
                 )
                 return
@@ -282,7 +288,7 @@ class Server:
                         raise
                     # A whole frame was read, so the stream is still in step.
                     log.warning("bad request from pid %d: %s", peer.pid, e)
-                    chan.send(ErrorReply(code=e.code, message=str(e)), timeout=timeout)
+                    chan.send(self._error_reply(e.code, str(e)), timeout=timeout)
                     continue
                 try:
                     self._dispatch(chan, session, request, timeout)
@@ -290,14 +296,14 @@ class Server:
                     raise
                 except WcacheError as e:
                     log.warning("request from pid %d failed: %s", peer.pid, e)
-                    chan.send(ErrorReply(code=e.code, message=str(e)), timeout=timeout)
+                    chan.send(self._error_reply(e.code, str(e)), timeout=timeout)
         except PeerClosed:
             pass
         except TimeoutExpired as e:
             log.warning("dropped pid %d: %s", peer.pid, e)
         except ProtocolError as e:
             log.warning("dropped pid %d: %s", peer.pid, e)
-            self._try_send(chan, ErrorReply(code=e.code, message=str(e)))
+            self._try_send(chan, self._error_reply(e.code, str(e)))
         except OSError as e:
             log.info("connection of pid %d ended: %s", peer.pid, e)
 
@@ -321,28 +327,39 @@ class Server:
         return held
 
     def _attach(self, chan: Channel, session: Session, req: Attach, timeout: float) -> None:
-        held = self._model(req.model)
-        held.check_served()
-        fields = mismatched_fields(held.manifest.key, req.expect)
-        if fields:
-            message = describe_mismatch(held.manifest.key, req.expect, fields)
-            log.warning(
-                "pid %d: cache key mismatch for %s: %s",
-                session.peer.pid,
-                req.model,
-                message,
-                extra={"model": req.model},
-            )
-            chan.send(Mismatch(model=req.model, fields=fields, message=message), timeout=timeout)
-            return
-        fds = held.dup_fds()
+        # An OSError (the peer gone mid-send, out of fds) leaves "error".
+        result = "error"
         try:
-            chan.send(Attached(manifest=held.manifest, fd_count=len(fds)), timeout=timeout, fds=fds)
+            held = self._model(req.model)
+            held.check_served()
+            fields = mismatched_fields(held.manifest.key, req.expect)
+            if fields:
+                message = describe_mismatch(held.manifest.key, req.expect, fields)
+                log.warning(
+                    "pid %d: cache key mismatch for %s: %s",
+                    session.peer.pid,
+                    req.model,
+                    message,
+                    extra={"model": req.model},
+                )
+                chan.send(Mismatch(model=req.model, fields=fields, message=message), timeout=timeout)
+                result = "mismatch"
+                return
+            fds = held.dup_fds()
+            try:
+                chan.send(Attached(manifest=held.manifest, fd_count=len(fds)), timeout=timeout, fds=fds)
+            finally:
+                close_fds(fds)
+            with self._lock:
+                session.models.add(req.model)
+            result = "ok"
+        except WcacheError as e:
+            result = e.code
+            raise
         finally:
-            close_fds(fds)
-        with self._lock:
-            session.models.add(req.model)
-        self.changed.set()
+            # The metrics label only configured names: an unknown one is "".
+            self.metrics.count_attach(req.model, result)
+            self.changed.set()
         log.info(
             "pid %d (uid %d, %s) attached to %s",
             session.peer.pid,
@@ -357,6 +374,7 @@ class Server:
             raise PermissionRefused("release is reserved to root and the daemon's own user")
         held = self._model(req.model)
         held.release()
+        self.changed.set()
         if self.on_released is not None:
             self.on_released(held)
         with self._lock:
@@ -398,6 +416,12 @@ class Server:
             device_memory_bytes=self.device.memory_bytes,
             device_index=self.device.index,
         )
+
+    def _error_reply(self, code: str, message: str) -> ErrorReply:
+        """An error reply, counted (when sent, whether or not the peer reads it)."""
+        self.metrics.count_error(code)
+        self.changed.set()
+        return ErrorReply(code=code, message=message)
 
     @staticmethod
     def _try_send(chan: Channel, msg: object, timeout: float = 1.0) -> None:

@@ -23,6 +23,7 @@ from wcached.config import ConfigError, InstanceSettings, ModelConfig, instance_
 from wcached.daemon.fdstore import FdStore, group_by_model, listen_fds
 from wcached.daemon.filler import FillAborted, fill_models
 from wcached.daemon.lock import InstanceLock
+from wcached.daemon.metrics import Metrics, MetricsEndpoint, check_metrics_dir, metrics_for, remove_textfile
 from wcached.daemon.peers import AccessPolicy
 from wcached.daemon.progress import FillMeter
 from wcached.daemon.restore import NotRestorable, checkpoint_stamps, loader_environment, make_record, restore
@@ -40,6 +41,13 @@ EXTEND_S = 30.0
 # Out of fds: how long the listener is left alone before accepting again
 # (connections wait in the kernel's backlog meanwhile).
 ACCEPT_PAUSE_S = 0.25
+# The metrics textfile is rewritten at most this often however busy the
+# socket (changes in between are coalesced into the next write) ...
+METRICS_MIN_INTERVAL_S = 0.25
+# ... and at least this often, so that its mtime (node-exporter's
+# node_textfile_mtime_seconds) tells a live daemon from one killed without
+# the chance to remove its file.
+METRICS_REFRESH_S = 60.0
 
 
 class Service:
@@ -51,6 +59,10 @@ class Service:
         self.store = FdStore(self.notifier)
         self.stop_signal: int | None = None
         self.server: Server | None = None
+        self.metrics = metrics_for(settings, device)
+        self.endpoint: MetricsEndpoint | None = None
+        self._textfile = ""  # the .prom file this instance writes, once its directory checked out
+        self._textfile_failing = False
 
     # -- signals ----------------------------------------------------------
 
@@ -76,6 +88,8 @@ class Service:
         prepare_socket_dir(s.socket_dir, s.source)
         lock = InstanceLock(s.lock_path, s.instance_id).acquire()
         try:
+            # Before the fill: a port in use is exit 78 now, not after it.
+            self._open_metrics()
             if os.path.lexists(s.socket_path):
                 log.info("removing stale socket %s", s.socket_path)
                 os.unlink(s.socket_path)
@@ -85,9 +99,12 @@ class Service:
                 return 0
             by_name = {**restored, **filled}
             models = {m.name: by_name[m.name] for m in s.models}
-            self.server = Server(s, self.device, models, self.policy)
+            self.server = Server(s, self.device, models, self.policy, self.metrics)
             self.server.on_released = self._forget
             self.server.bind()
+            if self.endpoint is not None:
+                self.endpoint.start()
+            self._write_textfile()
             total = sum(m.manifest.total_bytes for m in models.values())
             log.info(
                 "serving %s on %s: %s (%.1f MiB)",
@@ -105,8 +122,58 @@ class Service:
                 self.server.close()
                 for m in self.server.models.values():
                     m.release()
+            self._close_metrics()
             lock.release()
             log.info("stopped")
+
+    # -- metrics ----------------------------------------------------------
+
+    def _open_metrics(self) -> None:
+        """Check the textfile directory and bind the HTTP port (serving
+        starts with the socket); either failing is a ConfigError."""
+        s = self.settings
+        if s.metrics_dir:
+            check_metrics_dir(s.metrics_dir, s.source)
+            # A predecessor killed without cleanup left a file that says it is up.
+            try:
+                remove_textfile(s.metrics_path)
+            except OSError as e:
+                # Left by another user (a manual run as root): it could not be
+                # replaced either.
+                raise ConfigError(
+                    s.source or None, "daemon.metrics_dir", f"cannot remove the stale {s.metrics_path}: {e}"
+                ) from None
+            self._textfile = s.metrics_path
+        if s.metrics_port:
+            assert isinstance(self.metrics, Metrics)
+            self.endpoint = MetricsEndpoint(s.metrics_port, self.metrics, s.source, s.metrics_port_key)
+            log.info("metrics on http://%s:%d/metrics", MetricsEndpoint.ADDRESS, s.metrics_port)
+
+    def _write_textfile(self) -> None:
+        if not self._textfile:
+            return
+        assert isinstance(self.metrics, Metrics)
+        try:
+            self.metrics.write_textfile(self._textfile)
+        except OSError as e:
+            # Never fatal (the weights matter more); one line per failing streak.
+            if not self._textfile_failing:
+                log.warning("cannot write metrics to %s: %s", self._textfile, e)
+            self._textfile_failing = True
+            return
+        if self._textfile_failing:
+            log.info("writing metrics to %s again", self._textfile)
+            self._textfile_failing = False
+
+    def _close_metrics(self) -> None:
+        if self.endpoint is not None:
+            self.endpoint.close()
+            self.endpoint = None
+        if self._textfile:
+            try:
+                remove_textfile(self._textfile)
+            except OSError as e:
+                log.warning("cannot remove %s: %s", self._textfile, e)
 
     # -- the fd store -----------------------------------------------------
 
@@ -237,8 +304,12 @@ class Service:
             interval = min(interval, self.notifier.watchdog_interval)
             self.notifier.ping_watchdog()
         resume_at: float | None = None  # accepts paused (out of fds) until then
+        written_at = time.monotonic()  # the textfile, by run() just before
+        write_at: float | None = None  # a change to write to the textfile then
         while self.stop_signal is None:
             timeout = interval if resume_at is None else max(0.0, min(interval, resume_at - time.monotonic()))
+            if write_at is not None:
+                timeout = max(0.0, min(timeout, write_at - time.monotonic()))
             for key, _ in sel.select(timeout):
                 if key.data == "accept":
                     if not self.server.accept_pending():
@@ -254,6 +325,14 @@ class Service:
             if self.server.changed.is_set():
                 self.server.changed.clear()
                 self.notifier.status(self._status_line())
+                if self._textfile and write_at is None:
+                    write_at = written_at + METRICS_MIN_INTERVAL_S
+            now = time.monotonic()
+            if self._textfile and (
+                (write_at is not None and now >= write_at) or now - written_at >= METRICS_REFRESH_S
+            ):
+                self._write_textfile()
+                written_at, write_at = now, None
         log.info("received %s, stopping", signal.Signals(self.stop_signal).name)
         sel.close()
 

@@ -1,0 +1,399 @@
+"""Prometheus metrics of real daemons: the textfile, the loopback endpoint,
+and the numbers in both against what the test did."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.helpers import Daemon, start_daemon, wait_ready, write_config
+from wcached import __version__
+from wcached.client import attach
+from wcached.client.connection import DaemonConnection
+from wcached.errors import EX_CONFIG, BadRequest, KeyMismatch, UnknownModel
+from wcached.protocol.messages import Attach
+
+ATTACH_RESULTS = ("ok", "mismatch", "unknown_model", "released", "bad_request", "timeout", "error")
+ERROR_CODES = (
+    "busy",
+    "permission_denied",
+    "protocol",
+    "frame_too_large",
+    "version_mismatch",
+    "bad_request",
+    "unknown_model",
+    "released",
+)
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def _samples(text: str) -> Samples:
+    out: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            key = (s.name, tuple(sorted(s.labels.items())))
+            assert key not in out, key
+            out[key] = s.value
+    return out
+
+
+def _value(samples: Samples, name: str, instance: str, **labels: str) -> float:
+    key = (name, tuple(sorted({"instance": instance, "gpu_uuid": "", **labels}.items())))
+    return samples[key]
+
+
+def _series(samples: Samples, name: str, instance: str) -> dict[tuple[tuple[str, str], ...], float]:
+    """Every sample of ``name`` for ``instance``, by its other labels."""
+    out = {}
+    for (n, labels), v in samples.items():
+        d = dict(labels)
+        if n == name and d.pop("instance") == instance:
+            assert d.pop("gpu_uuid") == ""  # host memory: no GPU
+            out[tuple(sorted(d.items()))] = v
+    return out
+
+
+def _attaches(samples: Samples, instance: str) -> dict[tuple[str, str], float]:
+    return {
+        (dict(k)["model"], dict(k)["result"]): v
+        for k, v in _series(samples, "wcached_attaches_total", instance).items()
+    }
+
+
+def _errors(samples: Samples, instance: str) -> dict[str, float]:
+    return {dict(k)["code"]: v for k, v in _series(samples, "wcached_errors_total", instance).items()}
+
+
+def _zero_attaches(**counts: float) -> dict[tuple[str, str], float]:
+    out = {(model, result): 0.0 for model in ("default", "") for result in ATTACH_RESULTS}
+    for key, n in counts.items():
+        model, result = key.split("__")
+        out[(model, result)] = n
+    return out
+
+
+def _scrape(port: int, host: str = "127.0.0.1") -> str:
+    # No proxy from the environment: the request must reach this host's port.
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(f"http://{host}:{port}/metrics", timeout=10) as r:
+        return r.read().decode()
+
+
+def _textfile(d: Path, instance: str) -> str:
+    return (d / f"wcached-{instance}.prom").read_text()
+
+
+def _until(read: Callable[[], Samples], done: Callable[[Samples], bool], timeout: float = 10) -> Samples:
+    """The metrics once ``done`` holds (the textfile follows changes within
+    about a second); the last ones read otherwise, for the asserts to show."""
+    deadline = time.monotonic() + timeout
+    while True:
+        samples = read()
+        if done(samples) or time.monotonic() > deadline:
+            return samples
+        time.sleep(0.1)
+
+
+def _free_port_pair() -> int:
+    """A port P with P + 1 free as well (two instances: base + index)."""
+    for _ in range(50):
+        with socket.socket() as a, socket.socket() as b:
+            a.bind(("127.0.0.1", 0))
+            port = a.getsockname()[1]
+            if port >= 65535:
+                continue
+            try:
+                b.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no two adjacent free ports")
+
+
+def _config(work: Path, ckpt: Path, **daemon: object) -> Path:
+    return write_config(
+        work / "wcached.toml",
+        models=[
+            {
+                "name": "default",
+                "path": str(ckpt),
+                "aliases": {"lm_head.weight": "embed.weight"},
+                "segment_size": "64KiB",
+            }
+        ],
+        daemon={"socket_dir": str(work / "run"), "connection_timeout_s": 2.0, **daemon},
+    )
+
+
+def _up(cfg: Path, *instances: str, **kw: object) -> list[Daemon]:
+    daemons = [start_daemon(cfg, i, **kw) for i in instances]
+    try:
+        for d in daemons:
+            wait_ready(d, 60)
+    except BaseException:
+        for d in daemons:
+            d.stop(signal.SIGKILL)
+            d.notify.close()
+        raise
+    return daemons
+
+
+def _down(daemons: list[Daemon]) -> None:
+    for d in daemons:
+        if d.proc.poll() is None:
+            d.stop(signal.SIGKILL)
+        d.notify.close()
+
+
+def test_textfile_and_endpoint_count_what_clients_did(work: Path, sharded_ckpt: Path) -> None:
+    metrics_dir = work / "metrics"
+    metrics_dir.mkdir()
+    port = _free_port_pair()
+    cfg = _config(work, sharded_ckpt, metrics_dir=str(metrics_dir), metrics_port=port)
+    daemons = _up(cfg, "cpu0", "cpu1")
+    d0 = daemons[0]
+    held = []
+    try:
+        # Written before READY: at once what was filled, nothing counted yet.
+        first = _samples(_textfile(metrics_dir, "cpu0"))
+        ref = attach("default", "cpu0", socket_dir=d0.socket_dir, keep_lease=False)
+        held.append(ref)
+        m = ref.manifest
+        assert _value(first, "wcached_up", "cpu0") == 1
+        assert _value(first, "wcached_build_info", "cpu0", version=__version__) == 1
+        assert _value(first, "wcached_model_resident_bytes", "cpu0", model="default") == m.total_bytes
+        assert _value(first, "wcached_model_tensors", "cpu0", model="default") == len(m.tensors)
+        assert _value(first, "wcached_model_segments", "cpu0", model="default") == len(m.segments) > 1
+        assert _value(first, "wcached_model_ready", "cpu0", model="default") == 1
+        assert _value(first, "wcached_leases", "cpu0", model="default") == 0
+        assert _value(first, "wcached_fill_read_bytes_total", "cpu0", model="default") == m.total_bytes
+        assert _value(first, "wcached_restores_total", "cpu0", model="default") == 0
+        assert _value(first, "wcached_fill_seconds", "cpu0", model="default") > 0
+        assert _attaches(first, "cpu0") == _zero_attaches()
+        assert _errors(first, "cpu0") == dict.fromkeys(ERROR_CODES, 0.0)
+
+        # cpu0: two leases (ref and one more), a mismatch, an unknown model,
+        # a bad request, a status query (no lease); cpu1: nothing.
+        held.append(attach("default", "cpu0", socket_dir=d0.socket_dir, keep_lease=False))
+        with pytest.raises(KeyMismatch):
+            attach("default", "cpu0", socket_dir=d0.socket_dir, expect={"dtype": "float16"})
+        with pytest.raises(UnknownModel):
+            attach("ghost-of-a-model", "cpu0", socket_dir=d0.socket_dir)
+        with DaemonConnection(d0.socket_path) as conn:
+            with pytest.raises(BadRequest):
+                conn.request(Attach(model="default", expect={"colour": "blue"}))
+            assert len(conn.status().clients) == 2
+
+        expected = _zero_attaches(
+            default__ok=2, default__mismatch=1, default__bad_request=1, __unknown_model=1
+        )
+        errors = {**dict.fromkeys(ERROR_CODES, 0.0), "unknown_model": 1.0, "bad_request": 1.0}
+
+        def settled(s: Samples) -> bool:
+            return _attaches(s, "cpu0") == expected and _errors(s, "cpu0") == errors
+
+        text = _until(lambda: _samples(_textfile(metrics_dir, "cpu0")), settled)
+        # A connection that never sends a request holds up no scrape.
+        silent = socket.create_connection(("127.0.0.1", port), timeout=5)
+        http = _samples(_scrape(port))
+        silent.close()
+        for samples in (text, http):
+            assert _attaches(samples, "cpu0") == expected
+            assert _errors(samples, "cpu0") == errors
+            assert _value(samples, "wcached_leases", "cpu0", model="default") == 2
+            assert _value(samples, "wcached_up", "cpu0") == 1
+            # The client's name for an unknown model is in no label.
+            assert not any("ghost" in repr(key) for key in samples)
+            # The first file's gauges still hold.
+            for name in ("wcached_model_resident_bytes", "wcached_fill_read_bytes_total"):
+                assert _value(samples, name, "cpu0", model="default") == m.total_bytes
+        # Each endpoint and file is its instance's only.
+        assert {dict(k)["instance"] for _, k in http} == {"cpu0"}
+
+        # cpu1 on the base port + 1, its own registry: nothing counted there.
+        for samples in (_samples(_scrape(port + 1)), _samples(_textfile(metrics_dir, "cpu1"))):
+            assert {dict(k)["instance"] for _, k in samples} == {"cpu1"}
+            assert _attaches(samples, "cpu1") == _zero_attaches()
+            assert _errors(samples, "cpu1") == dict.fromkeys(ERROR_CODES, 0.0)
+            assert _value(samples, "wcached_leases", "cpu1", model="default") == 0
+            assert _value(samples, "wcached_model_resident_bytes", "cpu1", model="default") == m.total_bytes
+
+        # A lease ends; then the model is released: the daemon holds nothing.
+        held.pop().close()
+        r = subprocess.run(
+            [sys.executable, "-m", "wcached", "release", "cpu0", "--model", "default", "--config", str(cfg)],
+            capture_output=True,
+            text=True,
+        )
+        assert r.returncode == 0, r.stderr
+
+        def released(s: Samples) -> bool:
+            return _value(s, "wcached_model_ready", "cpu0", model="default") == 0
+
+        text = _until(lambda: _samples(_textfile(metrics_dir, "cpu0")), released)
+        for samples in (text, _samples(_scrape(port))):
+            assert _value(samples, "wcached_model_ready", "cpu0", model="default") == 0
+            assert _value(samples, "wcached_model_resident_bytes", "cpu0", model="default") == 0
+            assert _value(samples, "wcached_leases", "cpu0", model="default") == 1
+            assert _value(samples, "wcached_model_tensors", "cpu0", model="default") == len(m.tensors)
+        # cpu1 still serves its own.
+        cpu1 = _samples(_textfile(metrics_dir, "cpu1"))
+        assert _value(cpu1, "wcached_model_ready", "cpu1", model="default") == 1
+
+        # A clean stop takes the file along: a stale one would say "up".
+        for d in daemons:
+            assert d.stop() == 0
+        assert sorted(os.listdir(metrics_dir)) == []
+        with pytest.raises(OSError):
+            _scrape(port)
+    finally:
+        for a in held:
+            a.close()
+        _down(daemons)
+
+
+def _other_address() -> str | None:
+    """An IPv4 address of this host other than loopback, if it has one."""
+    found = set()
+    try:
+        found |= {info[4][0] for info in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)}
+    except OSError:
+        pass
+    try:
+        out = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True, timeout=10).stdout
+        found |= {word.split("/")[0] for line in out.splitlines() for word in line.split()[3:4]}
+    except (OSError, subprocess.SubprocessError):
+        pass
+    others = sorted(a for a in found if not a.startswith("127."))
+    return others[0] if others else None
+
+
+def test_endpoint_listens_on_loopback_only(work: Path, sharded_ckpt: Path) -> None:
+    other = _other_address()
+    if other is None:
+        pytest.skip("this host has no IPv4 address besides loopback to try the endpoint on")
+    port = _free_port_pair()
+    (d,) = _up(_config(work, sharded_ckpt, metrics_port=port), "cpu0")
+    try:
+        assert _value(_samples(_scrape(port)), "wcached_up", "cpu0") == 1
+        with pytest.raises(ConnectionRefusedError), socket.create_connection((other, port), timeout=5):
+            pass
+        assert d.stop() == 0
+    finally:
+        _down([d])
+
+
+@pytest.mark.parametrize("where", ["daemon", "instance"])
+def test_port_in_use_exits_78_naming_the_key_before_filling(work: Path, where: str) -> None:
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    # A checkpoint that is not there: a fill would end in 69, not 78.
+    missing = work / "not-there"
+    if where == "daemon":
+        # cpu1: the base port + 1 is the one taken.
+        cfg = _config(work, missing, metrics_port=port - 1)
+        instance, key = "cpu1", "daemon.metrics_port"
+    else:
+        cfg = _config(work, missing, metrics_port=port + 1000 if port < 60000 else port - 1000)
+        cfg.write_text(cfg.read_text() + f'\n[instance."cpu0"]\nmetrics_port = {port}\n')
+        instance, key = "cpu0", "instance.cpu0.metrics_port"
+    try:
+        d = start_daemon(cfg, instance)
+        rc = d.proc.wait(30)
+        log = d.log()
+        d.notify.close()
+    finally:
+        taken.close()
+    assert rc == EX_CONFIG, log
+    assert key in log and f"127.0.0.1:{port} is already in use" in log and str(cfg) in log, log
+    assert "loader worker" not in log and "does not exist" not in log, log
+    assert not any(msg.startswith("READY=1") for msg in d.notify.messages)
+
+
+def test_metrics_dir_that_cannot_be_written_exits_78_before_filling(work: Path) -> None:
+    cfg = _config(work, work / "not-there", metrics_dir=str(work / "no-such-dir"))
+    d = start_daemon(cfg)
+    rc = d.proc.wait(30)
+    log = d.log()
+    d.notify.close()
+    assert rc == EX_CONFIG, log
+    assert "daemon.metrics_dir" in log and str(work / "no-such-dir") in log, log
+    assert "does not exist or is not a directory" in log and "loader worker" not in log, log
+
+
+def test_restored_model_counts_a_restore_and_no_bytes_read(work: Path, sharded_ckpt: Path) -> None:
+    metrics_dir = work / "metrics"
+    metrics_dir.mkdir()
+    cfg = _config(work, sharded_ckpt, metrics_dir=str(metrics_dir))
+    (first,) = _up(cfg, "cpu0")
+    try:
+        with DaemonConnection(first.socket_path) as conn:
+            (filled,) = conn.status().models
+        before = _samples(_textfile(metrics_dir, "cpu0"))
+        assert _value(before, "wcached_restores_total", "cpu0", model="default") == 0
+        assert _value(before, "wcached_fill_read_bytes_total", "cpu0", model="default") == filled.bytes
+        first.notify.drain()
+        first.stop(signal.SIGKILL)  # no cleanup: its file stays, saying up
+        first.notify.close(keep_store=True)
+        assert _value(_samples(_textfile(metrics_dir, "cpu0")), "wcached_up", "cpu0") == 1
+        second = start_daemon(cfg, store_from=first.notify)
+    except BaseException:
+        _down([first])
+        raise
+    try:
+        wait_ready(second, 60)
+        assert "restored default from the fd store" in second.log()
+        after = _samples(_textfile(metrics_dir, "cpu0"))
+        assert _value(after, "wcached_restores_total", "cpu0", model="default") == 1
+        assert _value(after, "wcached_fill_read_bytes_total", "cpu0", model="default") == 0
+        assert _value(after, "wcached_model_resident_bytes", "cpu0", model="default") == filled.bytes
+        assert _value(after, "wcached_fill_seconds", "cpu0", model="default") == pytest.approx(
+            filled.fill_seconds
+        )
+        assert second.stop() == 0
+        assert not (metrics_dir / "wcached-cpu0.prom").exists()
+    finally:
+        _down([second])
+
+
+def test_textfile_is_readable_by_others_under_the_units_umask(work: Path, sharded_ckpt: Path) -> None:
+    """node-exporter runs as another user, and the unit has UMask=0027."""
+    metrics_dir = work / "metrics"
+    metrics_dir.mkdir()
+    cfg = _config(work, sharded_ckpt, metrics_dir=str(metrics_dir))
+    old = os.umask(0o027)  # inherited by the daemon
+    try:
+        d = start_daemon(cfg)
+    finally:
+        os.umask(old)
+    try:
+        wait_ready(d, 60)
+        prom = metrics_dir / "wcached-cpu0.prom"
+        assert prom.stat().st_mode & 0o777 == 0o644
+        assert [p.name for p in metrics_dir.iterdir()] == [prom.name]  # no temporary left behind
+        assert _value(_samples(prom.read_text()), "wcached_up", "cpu0") == 1
+    finally:
+        _down([d])
+
+
+def test_metrics_off_imports_no_prometheus_client() -> None:
+    """Off by default, and then free: a restored restart pays no import."""
+    code = (
+        "import sys, wcached.daemon.service, wcached.daemon.server\n"
+        "assert not {'prometheus_client', 'wsgiref.simple_server'} & set(sys.modules), sorted(sys.modules)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
