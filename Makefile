@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 # The CPU build; on these machines pip takes it from a local wheel.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: run test mutate test-gpu lint format bench bench-gpu bench-vllm clean venv deb vllm-venv
+.PHONY: run test mutate test-gpu lint format bench bench-gpu bench-vllm clean venv deb vllm-venv docs
 
 venv: $(VENV)/.installed
 
@@ -80,6 +80,12 @@ bench-gpu:
 
 bench-vllm: venv vllm-venv
 	$(PY) bench/vllm_load.py
+
+# wcached(8) and wcached.toml(5) in docs/, from the parser and the config
+# structs (tests/test_manpages.py fails until they are regenerated).
+docs: venv
+	$(PY) -m wcached.manpages docs
+	$(PY) -m wcached status --json-schema > docs/status.schema.json
 
 # wcached_<version>_all.deb in dist/, with dpkg-deb, offline.
 deb:

@@ -49,15 +49,15 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("instance", nargs="?", help="one instance (default: every socket found)")
     sp.add_argument("--json", action="store_true", help="machine-readable output (see --json-schema)")
     sp.add_argument("--json-schema", action="store_true", help="print the JSON Schema of --json and exit")
-    sp.add_argument("--timeout", type=float, default=5.0)
+    sp.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for each daemon's answer")
 
     sp = add("release", "drop a model from a daemon (attached clients keep their mappings)", _release)
-    sp.add_argument("instance")
-    sp.add_argument("--model", required=True)
-    sp.add_argument("--timeout", type=float, default=5.0)
+    sp.add_argument("instance", help="the instance serving it")
+    sp.add_argument("--model", required=True, help="the model to drop (root or the daemon's user only)")
+    sp.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the daemon's answer")
 
     sp = add("verify", "check that what a daemon serves is what it filled and what is on disk", _verify)
-    sp.add_argument("instance")
+    sp.add_argument("instance", help="the instance to check")
     sp.add_argument("--model", default=None, help="one model (default: every model it serves)")
 
     sp = add("check-config", "validate the config file and what serve would trip over", _check_config)

@@ -34,16 +34,23 @@ class _Table(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=Tr
 
 
 class DaemonConfig(_Table):
+    # Where each instance binds <instance id>.sock and keeps its lock; it must
+    # belong to root or the daemon's user and be writable by no one else.
     socket_dir: str = "/run/wcache"
+    # Users whose engines may attach, besides root and the daemon's own user.
     allowed_users: list[str] = []
+    # Groups whose members' engines may attach (the package's is "wcache").
     allowed_groups: list[str] = []
     # Deadline for a hello after connect, and for the rest of any frame once its
     # first byte arrived. Idle attached clients are leases and never time out.
     connection_timeout_s: float = 10.0
+    # Connections served at once; more get a "busy" reply (engines fall back
+    # to loading from disk).
     max_clients: int = 256
     # Interpreter that runs the loader worker (a virtualenv holding torch/vLLM);
     # empty means the daemon's own interpreter.
     worker_python: str = ""
+    # The lowest priority logged (to the journal under the unit).
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     # node-exporter's textfile collector directory: each instance keeps
     # <metrics_dir>/wcached-<instance id>.prom there. Empty: none written.
@@ -54,10 +61,15 @@ class DaemonConfig(_Table):
 
 
 class InstanceConfig(_Table):
+    # The [[model]] names this instance fills and serves (unset: every model).
     models: list[str] | None = None
+    # Replaces [daemon] allowed_users for this instance.
     allowed_users: list[str] | None = None
+    # Replaces [daemon] allowed_groups for this instance.
     allowed_groups: list[str] | None = None
+    # Replaces [daemon] connection_timeout_s for this instance.
     connection_timeout_s: float | None = None
+    # Replaces [daemon] max_clients for this instance.
     max_clients: int | None = None
     # This instance's port exactly (no index added); 0: no HTTP endpoint here.
     metrics_port: int | None = None

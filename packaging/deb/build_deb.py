@@ -74,6 +74,9 @@ def build(out_dir: Path, work: Path, ver: str | None = None) -> Path:
     put(root, "usr/lib/tmpfiles.d/wcached.conf", (UNITS / "wcached.tmpfiles").read_bytes())
     put(root, "etc/wcache/wcached.toml", (REPO / "etc" / "wcache" / "wcached.toml").read_bytes())
     put(root, "etc/default/wcached", (UNITS / "wcached.default").read_bytes())
+    # Where the README tells operators to put checkpoints (dpkg removes it
+    # on purge once it is empty).
+    (root / "var/lib/wcache/models").mkdir(parents=True)
     doc = "usr/share/doc/wcached"
     put(root, f"{doc}/copyright", (HERE / "copyright").read_bytes())
     put(root, f"{doc}/README.md.gz", gz((REPO / "README.md").read_bytes()))
@@ -85,8 +88,10 @@ def build(out_dir: Path, work: Path, ver: str | None = None) -> Path:
     # A native package (no Debian revision): changelog.gz, not changelog.Debian.gz.
     put(root, f"{doc}/changelog.gz", gz(changelog.encode()))
     put(root, "usr/share/lintian/overrides/wcached", (HERE / "lintian-overrides").read_bytes())
-    man = (HERE / "wcached.1").read_text().replace("@VERSION@", ver)
-    put(root, "usr/share/man/man1/wcached.1.gz", gz(man.encode()))
+    # The pages generated from the code (docs/, `make docs`), at this version.
+    for page in ("wcached.8", "wcached.toml.5"):
+        man = (REPO / "docs" / page).read_text().replace(f'"wcached {tree_version}"', f'"wcached {ver}"')
+        put(root, f"usr/share/man/man{page[-1]}/{page}.gz", gz(man.encode()))
 
     files = sorted(p for p in root.rglob("*") if p.is_file())
     size_kib = sum((p.stat().st_size + 1023) // 1024 for p in files)

@@ -153,7 +153,14 @@ def main() -> None:
         assert sh("getent passwd wcache").returncode == 0
         st = os.stat("/run/wcache")
         assert stat.S_IMODE(st.st_mode) == 0o750, oct(st.st_mode)
-        return sh("wcached --version", check=True).stdout
+        # Where the README tells operators to put checkpoints.
+        assert os.path.isdir("/var/lib/wcache/models")
+        # The unit's documentation exists where it points.
+        docs = prop("wcached@cpu0", "Documentation").split()
+        for doc in docs:
+            if doc.startswith("file://"):
+                assert os.path.exists(doc[len("file://") :]), doc
+        return sh("wcached --version", check=True).stdout + " ".join(docs)
 
     @check("lintian")
     def _():

@@ -36,6 +36,7 @@ PACKAGES = [
     "python3-msgspec",
     "python3-xxhash",
     "python3-prometheus-client",
+    "python3-tqdm",
     "lintian",
     # debootstrap does not resolve the virtual perl-openssl-abi-3 lintian needs.
     "perl-openssl-defaults",

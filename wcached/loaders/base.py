@@ -99,6 +99,7 @@ class ModelConfig(
     ``loader`` key of a table picks the subclass.
     """
 
+    # What engines attach by (letters, digits and . _ : / -, at most 128).
     name: str
     # A checkpoint directory or file (relative paths are relative to the
     # config file).

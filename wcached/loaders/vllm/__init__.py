@@ -29,12 +29,16 @@ class VllmModel(ModelConfig, tag="vllm", frozen=True, kw_only=True):
     """``loader = "vllm"``: the weights as a vLLM engine worker holds them
     after loading (fused, sharded for its rank, quantized online)."""
 
-    # The parallel layout the engines run with; each instance serving the
-    # model is one rank (cpuN -> N unless `ranks` says otherwise), and all of
-    # them meet at `rendezvous` (tcp://127.0.0.1:PORT) while filling.
+    # The tensor-parallel size the engines run with; each instance serving
+    # the model holds one rank's shard.
     tensor_parallel_size: int = 1
+    # The pipeline-parallel size the engines run with (ranks = tp x pp).
     pipeline_parallel_size: int = 1
+    # Where the ranks (one instance each) meet while filling:
+    # tcp://127.0.0.1:PORT, loopback only. Required when ranks > 1.
     rendezvous: str = ""
+    # Instance name (0, GPU-<uuid>, cpuN) -> the rank it holds; needed for
+    # GPU instances (cpuN holds rank N unless listed here).
     ranks: dict[str, int] = {}
     # "draft": a speculative-decoding draft model; engines attach it as
     # their draft (`draft_model` in the plugin's extra config).
