@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import REPO, require_other_users, write_config
 from wcached.doctor import Report, check_device_nodes, check_parallel_fill, check_units
 
@@ -173,3 +175,17 @@ def test_tensor_parallel_rendezvous_port_held_by_another_process() -> None:
     free = Report()
     check_parallel_fill(free, [model])
     assert f"ok    model big: 2 ranks can meet at tcp://127.0.0.1:{port}" in free.lines
+
+
+@pytest.mark.gpu
+def test_gpu_host_passes_the_device_checks() -> None:
+    """On the GPU machine: device nodes, nvidia-uvm, NVML and the driver's
+    VMM fd export all pass, one line per GPU."""
+    from wcached.doctor import check_gpu
+
+    report = Report()
+    check_gpu(report)
+    text = "\n".join(report.lines)
+    assert report.failed == 0, text
+    assert "ok    NVIDIA device nodes" in text
+    assert "VMM with POSIX fd export" in text and "ok    GPU 0:" in text

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import run_daemon, write_config
 from wcached.cli import main
 from wcached.client import attach
@@ -193,3 +195,56 @@ def test_status_json_schema_is_the_documented_one(capsys) -> None:
     printed = json.loads(capsys.readouterr().out)
     documented = json.loads((REPO / "docs" / "status.schema.json").read_text())
     assert printed == documented
+
+
+@pytest.mark.gpu
+def test_gpu_instance_shows_its_device_uuid_and_metrics_labels(work: Path, sharded_ckpt: Path) -> None:
+    """On a GPU: the table names the GPU and its UUID, the instance by its
+    index, and the metrics carry the UUID."""
+    import urllib.request
+
+    import pynvml
+    from prometheus_client.parser import text_string_to_metric_families
+
+    pynvml.nvmlInit()
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        name, uuid = pynvml.nvmlDeviceGetName(handle), pynvml.nvmlDeviceGetUUID(handle)
+    finally:
+        pynvml.nvmlShutdown()
+    name = name.decode() if isinstance(name, bytes) else name
+    uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+    port = _free_port()
+    cfg = write_config(
+        work / "gpu.toml",
+        models=[{"name": "default", "path": str(sharded_ckpt)}],
+        daemon={"socket_dir": str(work / "run"), "metrics_port": port},
+    )
+    with run_daemon(cfg, "0"), attach("default", "0", socket_dir=str(work / "run")) as a:
+        r = subprocess.run(
+            [sys.executable, "-m", "wcached", "status", "--config", str(cfg), "--json"],
+            capture_output=True,
+            text=True,
+        )
+        assert r.returncode == 0, r.stderr
+        (view,) = json.loads(r.stdout)
+        assert view["instance"] == "0" and view["instance_id"] == uuid and view["gpu_uuid"] == uuid
+        assert view["device"] == name and view["device_memory_bytes"] > 0
+        assert view["models"][0]["bytes"] == a.manifest.total_bytes
+        table = subprocess.run(
+            [sys.executable, "-m", "wcached", "status", "--config", str(cfg)], capture_output=True, text=True
+        ).stdout
+        assert re.match(rf"0 +serving +{re.escape(name)} +{uuid} +default ", table.splitlines()[1]), table
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        families = {f.name: f for f in text_string_to_metric_families(text)}
+        (resident,) = families["wcached_model_resident_bytes"].samples
+        assert resident.labels == {"instance": uuid, "gpu_uuid": uuid, "model": "default"}
+        assert resident.value == a.manifest.total_bytes
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
