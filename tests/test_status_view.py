@@ -181,6 +181,11 @@ def test_status_shows_instances_without_a_socket_from_their_units(tmp_path: Path
     assert "1: exit status 78: configuration error (not retried): run wcached check-config" in text
     assert "journalctl -u wcached@1.service -e" in text
     assert "cpu2: last run exit status 75: temporary: out of memory" in text
+    # An instance stopped cleanly is left out, unless asked for by name.
+    stopped = msgspec.structs.replace(units[1], active_state="inactive", sub_state="dead", result="success")
+    assert [v.instance for v in gather(str(tmp_path), None, 1.0, [units[0], stopped])] == ["0"]
+    (asked,) = gather(str(tmp_path), "1", 1.0, [units[0], stopped])
+    assert asked.state == "stopped" and asked.exit_status is None
     # The JSON round-trips through its own schema's types.
     again = msgspec.json.decode(msgspec.json.encode(views), type=list[InstanceView])
     assert again == views

@@ -205,8 +205,10 @@ def check_socket_dir(r: Report, cfg) -> None:
     try:
         st = os.lstat(sdir)
     except FileNotFoundError:
-        if sdir != PACKAGE_SOCKET_DIR and not _has_user(DAEMON_USER):
-            # Not the package: `wcached serve` creates it (0750) as whoever runs it.
+        parent = os.path.dirname(sdir.rstrip("/")) or "/"
+        if not _has_user(DAEMON_USER) and os.access(parent, os.W_OK | os.X_OK):
+            # Not the package: `wcached serve` creates it (0750) as whoever
+            # runs it, and this user may.
             r.info(f"socket directory {sdir} does not exist yet; wcached serve creates it")
         else:
             r.fail(f"socket directory {sdir} is missing", create)

@@ -211,15 +211,21 @@ def gather(
 ) -> list[InstanceView]:
     """Every instance with a socket in ``socket_dir`` or a loaded unit (or
     just ``only``), each asked over its socket where it has one."""
-    from wcached.client.connection import DaemonConnection, socket_path
+    from wcached.client.connection import DaemonConnection
 
     units = systemd_units() if units is None else units
     by_id: dict[str, UnitInfo] = {}
     for u in units:
         by_id.setdefault(canonical_instance(u.instance), u)
+    if not only:
+        # An instance stopped on purpose (cleanly) is not news; asked for by
+        # name, it is shown as stopped.
+        by_id = {
+            k: u for k, u in by_id.items() if not (u.active_state == "inactive" and u.result == "success")
+        }
     if only:
         wanted = canonical_instance(only)
-        targets = [(wanted, socket_path(only, socket_dir))]
+        targets = [(wanted, os.path.join(socket_dir, f"{wanted}.sock"))]
         by_id = {k: v for k, v in by_id.items() if k == wanted}
     else:
         paths = sorted(glob.glob(os.path.join(socket_dir, "*.sock")))
