@@ -87,9 +87,10 @@ docs: venv
 	$(PY) -m wcached.manpages docs
 	$(PY) -m wcached status --json-schema > docs/status.schema.json
 
-# wcached_<version>_all.deb in dist/, with dpkg-deb, offline.
-deb:
-	python3 packaging/deb/build_deb.py --out dist
+# wcached_<version>_all.deb in dist/, offline: dpkg-buildpackage on debian/
+# (debhelper, dh-python), with the wheel engines install; VERSION=... sets it.
+deb: venv
+	$(PY) packaging/deb/build_deb.py --out dist $(if $(VERSION),--version $(VERSION))
 
 clean:
 	rm -rf build dist bench/data .pytest_cache

@@ -1,15 +1,21 @@
-"""Build wcached_<version>_all.deb with dpkg-deb, offline.
+"""Build wcached_<version>_all.deb from debian/ with dpkg-buildpackage, offline.
 
-The package ships the pure-Python ``wcached`` package in /usr/lib/wcached and a
-launcher that runs it with the interpreter /etc/default/wcached names, so a host
-whose torch / vLLM live in a virtualenv points wcached there.
+The tree's debian/ directory is an ordinary debhelper (compat 13) source
+package; this script only prepares what dpkg-buildpackage cannot make itself:
+
+- a copy of the tree at the version asked for (``--version``: debian/changelog
+  and ``wcached.__version__`` both say it), dated by the last commit, so that
+  two builds of one commit are the same bytes;
+- the wheel of wcached that engines' virtualenvs install (client and vLLM
+  plugin), built by pip from pyproject.toml (PEP 517) into debian/wheel/:
+  the project's metadata needs a newer setuptools than Debian 12 ships.
+
+Needs debhelper and dh-python (``apt install debhelper dh-python``).
 """
 
 from __future__ import annotations
 
 import argparse
-import gzip
-import hashlib
 import os
 import re
 import shutil
@@ -20,20 +26,13 @@ from email.utils import formatdate
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-HERE = REPO / "packaging" / "deb"
-UNITS = REPO / "packaging" / "systemd"
+# What the source package is made of.
+SOURCES = ("wcached", "debian", "docs", "etc", "README.md", "pyproject.toml")
 
 
 def version() -> str:
     text = (REPO / "wcached" / "__init__.py").read_text()
     return re.search(r'__version__ = "([^"]+)"', text).group(1)
-
-
-def put(root: Path, rel: str, data: bytes, mode: int = 0o644) -> None:
-    path = root / rel
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
-    path.chmod(mode)
 
 
 def build_epoch() -> int:
@@ -49,78 +48,76 @@ def build_epoch() -> int:
         return int(time.time())
 
 
-def gz(data: bytes) -> bytes:
-    # No name and a fixed mtime (lintian: package-contains-timestamped-gzip).
-    return gzip.compress(data, compresslevel=9, mtime=0)
+def missing_tools() -> list[str]:
+    return [t for t in ("dpkg-buildpackage", "dh", "dh_python3") if shutil.which(t) is None]
+
+
+def prepare(src: Path, ver: str, epoch: int) -> None:
+    """The source tree at ``ver`` in ``src``."""
+    if src.exists():
+        shutil.rmtree(src)
+    src.mkdir(parents=True)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "wheel")
+    for name in SOURCES:
+        path = REPO / name
+        if path.is_dir():
+            shutil.copytree(path, src / name, ignore=ignore)
+        else:
+            shutil.copy2(path, src / name)
+    tree_version = version()
+    init = src / "wcached" / "__init__.py"
+    init.write_text(init.read_text().replace(f'__version__ = "{tree_version}"', f'__version__ = "{ver}"'))
+    # Every file dated by the commit: the package's bytes depend on the
+    # commit, not on when the tree was checked out.
+    for path in [src, *src.rglob("*")]:
+        os.utime(path, (epoch, epoch), follow_symlinks=False)
+    # A native package: one version, no Debian revision.
+    (src / "debian" / "changelog").write_text(
+        f"wcached ({ver}) unstable; urgency=medium\n\n  * Release {ver}.\n\n"
+        f" -- wcached developers <wcached@example.org>  {formatdate(epoch)}\n"
+    )
+
+
+def build_wheel(src: Path) -> Path:
+    wheels = src / "debian" / "wheel"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(wheels), str(src)],
+        check=True,
+        env=dict(os.environ, PIP_NO_CACHE_DIR="1"),
+    )
+    (wheel,) = wheels.glob("wcached-*.whl")
+    # pip's build leaves its egg-info in the tree; the package does not want it.
+    for junk in src.glob("*.egg-info"):
+        shutil.rmtree(junk)
+    shutil.rmtree(src / "build", ignore_errors=True)
+    return wheel
 
 
 def build(out_dir: Path, work: Path, ver: str | None = None) -> Path:
     """The .deb of this tree; ``ver`` overrides the version (the package's
     and the daemon's own ``__version__``)."""
-    tree_version = version()
-    ver = ver or tree_version
-    root = work / "root"
-    if root.exists():
-        shutil.rmtree(root)
-    for src in sorted((REPO / "wcached").rglob("*.py")):
-        data = src.read_bytes()
-        if src == REPO / "wcached" / "__init__.py":
-            data = data.replace(f'__version__ = "{tree_version}"'.encode(), f'__version__ = "{ver}"'.encode())
-        put(root, f"usr/lib/wcached/{src.relative_to(REPO)}", data)
-    put(root, "usr/bin/wcached", (HERE / "wcached.sh").read_bytes(), 0o755)
-    put(root, "usr/lib/systemd/system/wcached@.service", (UNITS / "wcached@.service").read_bytes())
-    put(root, "usr/lib/systemd/system/wcached.target", (UNITS / "wcached.target").read_bytes())
-    put(root, "usr/lib/sysusers.d/wcached.conf", (UNITS / "wcached.sysusers").read_bytes())
-    put(root, "usr/lib/tmpfiles.d/wcached.conf", (UNITS / "wcached.tmpfiles").read_bytes())
-    put(root, "etc/wcache/wcached.toml", (REPO / "etc" / "wcache" / "wcached.toml").read_bytes())
-    put(root, "etc/default/wcached", (UNITS / "wcached.default").read_bytes())
-    # Where the README tells operators to put checkpoints (dpkg removes it
-    # on purge once it is empty).
-    (root / "var/lib/wcache/models").mkdir(parents=True)
-    doc = "usr/share/doc/wcached"
-    put(root, f"{doc}/copyright", (HERE / "copyright").read_bytes())
-    put(root, f"{doc}/README.md.gz", gz((REPO / "README.md").read_bytes()))
+    missing = missing_tools()
+    if missing:
+        raise SystemExit(f"build_deb: {', '.join(missing)} not found: apt install debhelper dh-python")
+    ver = ver or version()
     epoch = build_epoch()
-    changelog = (
-        f"wcached ({ver}) unstable; urgency=medium\n\n  * Release {ver}.\n\n"
-        f" -- wcached developers <wcached@example.org>  {formatdate(epoch)}\n"
-    )
-    # A native package (no Debian revision): changelog.gz, not changelog.Debian.gz.
-    put(root, f"{doc}/changelog.gz", gz(changelog.encode()))
-    put(root, "usr/share/lintian/overrides/wcached", (HERE / "lintian-overrides").read_bytes())
-    # The pages generated from the code (docs/, `make docs`), at this version.
-    for page in ("wcached.8", "wcached.toml.5"):
-        man = (REPO / "docs" / page).read_text().replace(f'"wcached {tree_version}"', f'"wcached {ver}"')
-        put(root, f"usr/share/man/man{page[-1]}/{page}.gz", gz(man.encode()))
-
-    files = sorted(p for p in root.rglob("*") if p.is_file())
-    size_kib = sum((p.stat().st_size + 1023) // 1024 for p in files)
-    debian = root / "DEBIAN"
-    control = (HERE / "control.in").read_text().replace("@VERSION@", ver).replace("@SIZE@", str(size_kib))
-    put(root, "DEBIAN/control", control.encode())
-    put(root, "DEBIAN/conffiles", (HERE / "conffiles").read_bytes())
-    for script in ("postinst", "prerm", "postrm"):
-        put(root, f"DEBIAN/{script}", (HERE / script).read_bytes(), 0o755)
-    md5 = "".join(
-        f"{hashlib.md5(p.read_bytes()).hexdigest()}  {p.relative_to(root)}\n"
-        for p in files
-        if not str(p.relative_to(root)).startswith("etc/")
-    )
-    put(root, "DEBIAN/md5sums", md5.encode())
-    for d in [root, *(p for p in root.rglob("*") if p.is_dir())]:
-        d.chmod(0o755)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    deb = out_dir / f"wcached_{ver}_all.deb"
-    for p in [root, *root.rglob("*")]:
-        os.utime(p, (epoch, epoch), follow_symlinks=False)
-    env = dict(os.environ, SOURCE_DATE_EPOCH=str(epoch))
-    subprocess.run(
-        ["dpkg-deb", "--root-owner-group", "-Zxz", "--build", str(root), str(deb)],
-        check=True,
+    src = work / f"wcached-{ver}"
+    prepare(src, ver, epoch)
+    build_wheel(src)
+    env = dict(os.environ, SOURCE_DATE_EPOCH=str(epoch), DEB_BUILD_OPTIONS="nocheck")
+    r = subprocess.run(
+        ["dpkg-buildpackage", "--build=binary", "--no-sign", "--no-pre-clean"],
+        cwd=src,
         env=env,
-        stdout=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
     )
-    assert debian.is_dir()
+    if r.returncode != 0:
+        raise SystemExit(f"dpkg-buildpackage failed:\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}")
+    built = work / f"wcached_{ver}_all.deb"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    deb = out_dir / built.name
+    shutil.move(built, deb)
     return deb
 
 

@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -89,6 +90,9 @@ pytestmark = pytest.mark.slow
 def _missing() -> str:
     if os.getuid() != 0:
         return "booting a container needs root"
+    missing_tools = _builder().missing_tools()
+    if missing_tools:
+        return f"needs {', '.join(missing_tools)} (apt install debhelper dh-python)"
     if shutil.which("dpkg-deb") is None:
         return "needs dpkg-deb (a Debian host)"
     return ""
@@ -233,3 +237,28 @@ def test_in_booted_container(results: dict[str, dict], name: str) -> None:
         if os.environ.get("CI") == "true":
             pytest.fail(f"CI must run {name}: {r['detail']}")
         pytest.skip(r["detail"])
+
+
+def test_shipped_wheel_gives_an_engine_venv_the_client_and_the_vllm_plugin(tmp_path: Path) -> None:
+    """The wheel in /usr/share/wcached installs into an engine's environment
+    with the vLLM plugin's entry point, at the package's version."""
+    builder = _builder()
+    if builder.missing_tools():
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must build the package: needs {builder.missing_tools()}")
+        pytest.skip(f"needs {', '.join(builder.missing_tools())}")
+    deb = builder.build(tmp_path / "out", tmp_path / "work", "9.9.9")
+    _run(["dpkg-deb", "-x", str(deb), str(tmp_path / "root")])
+    (wheel,) = (tmp_path / "root" / "usr" / "share" / "wcached").glob("*.whl")
+    assert wheel.name == "wcached-9.9.9-py3-none-any.whl"
+    site = tmp_path / "engine-site"
+    _run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(site), str(wheel)])
+    probe = (
+        "import importlib.metadata as m, wcached; "
+        "eps = {e.name: e.value for e in m.entry_points(group='vllm.general_plugins')}; "
+        "print(wcached.__version__, eps.get('wcache'), wcached.__file__)"
+    )
+    out = _run([sys.executable, "-c", probe], env={**os.environ, "PYTHONPATH": str(site)}, cwd=str(tmp_path))
+    version, plugin, where = out.stdout.split()
+    assert version == "9.9.9" and plugin == "wcached.integrations.vllm:register"
+    assert where.startswith(str(site))
