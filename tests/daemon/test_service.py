@@ -397,6 +397,22 @@ def test_status_and_release(cpu_config: Path) -> None:
     assert r.returncode == 3
 
 
+def test_a_status_query_is_not_a_lease_in_the_units_status(cpu_config: Path) -> None:
+    """systemctl status counts leases: a connection that only asks for status
+    (held open the whole time) is not one."""
+    from wcached.client.connection import DaemonConnection
+
+    with run_daemon(cpu_config) as d:
+        with DaemonConnection(d.socket_path, client="monitor") as conn:
+            conn.status()
+            with attach("default", "cpu0", socket_dir=d.socket_dir):
+                d.notify.wait_for("STATUS=serving 1 model(s), 0.00 GiB, 1 client(s)", 10, d.proc)
+                time.sleep(1.5)  # the main loop refreshes STATUS= within a second
+                d.notify.drain()
+        counts = [m for m in d.notify.messages if "client(s)" in m]
+        assert not any("2 client(s)" in m for m in counts), counts
+
+
 def test_unread_notify_socket_never_stalls_serving(cpu_config: Path) -> None:
     # A notify receiver that stops reading fills its queue (10 datagrams for
     # AF_UNIX); STATUS updates on every connect must not block accepts.

@@ -209,4 +209,25 @@ MUTATIONS: tuple[Mutation, ...] = (
             "tests/integrations/test_vllm_fallback.py::test_every_failure_loads_from_disk_and_says_why_once[0.32-busy]",
         ),
     ),
+    Mutation(
+        "metrics endpoint on every address",
+        "wcached/daemon/metrics.py",
+        '    ADDRESS = "127.0.0.1"',
+        '    ADDRESS = "0.0.0.0"',
+        ("tests/daemon/test_metrics.py::test_endpoint_listens_on_loopback_only",),
+    ),
+    Mutation(
+        "a client-chosen model name becomes a metric label",
+        "wcached/daemon/metrics.py",
+        "            model if model in self._models else UNKNOWN_MODEL,",
+        "            model,",
+        ("tests/daemon/test_metrics.py::test_textfile_and_endpoint_count_what_clients_did",),
+    ),
+    Mutation(
+        "a status query counts as a lease",
+        "wcached/daemon/server.py",
+        "            return sum(1 for s in self._sessions.values() if s.models)",
+        "            return len(self._sessions)",
+        ("tests/daemon/test_service.py::test_a_status_query_is_not_a_lease_in_the_units_status",),
+    ),
 )
