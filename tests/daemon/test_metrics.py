@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.helpers import Daemon, start_daemon, wait_ready, write_config
+from tests.helpers import Daemon, start_daemon, tied_model_config, wait_ready
 from wcached import __version__
 from wcached.client import attach
 from wcached.client.connection import DaemonConnection
@@ -122,18 +122,7 @@ def _free_port_pair() -> int:
 
 
 def _config(work: Path, ckpt: Path, **daemon: object) -> Path:
-    return write_config(
-        work / "wcached.toml",
-        models=[
-            {
-                "name": "default",
-                "path": str(ckpt),
-                "aliases": {"lm_head.weight": "embed.weight"},
-                "segment_size": "64KiB",
-            }
-        ],
-        daemon={"socket_dir": str(work / "run"), "connection_timeout_s": 2.0, **daemon},
-    )
+    return tied_model_config(work, ckpt, "64KiB", connection_timeout_s=2.0, **daemon)
 
 
 def _up(cfg: Path, *instances: str, **kw: object) -> list[Daemon]:

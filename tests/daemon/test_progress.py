@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 
+import pytest
+
 from wcached.daemon.progress import FillMeter
 
 
@@ -30,22 +32,22 @@ def test_status_line_has_bytes_rate_and_time_left() -> None:
     assert meter.status_line() == "filling draft (2 of 2): loading"
 
 
-def test_long_fill_counts_minutes() -> None:
-    clock = Clock()
-    meter = FillMeter(["big"], clock=clock)
-    meter.update("big", 0, 1_000_000_000_000)
-    clock.now += 10
-    meter.update("big", 10_000_000_000, 1_000_000_000_000)
-    assert meter.status_line() == "filling big: 10.0 of 1000.0 GB, 1.00 GB/s, 16 min 30 s left"
-
-
-def test_finished_model_has_no_time_left() -> None:
+@pytest.mark.parametrize(
+    ("total", "done", "expected"),
+    [
+        # Minutes left for a long fill.
+        (1_000_000_000_000, 10_000_000_000, "filling m: 10.0 of 1000.0 GB, 1.00 GB/s, 16 min 30 s left"),
+        # Nothing left once all of it is read.
+        (10, 10, "filling m: 0.0 of 0.0 GB, 0.00 GB/s"),
+    ],
+)
+def test_time_left_after_ten_seconds(total: int, done: int, expected: str) -> None:
     clock = Clock()
     meter = FillMeter(["m"], clock=clock)
-    meter.update("m", 0, 10)
-    clock.now += 1
-    meter.update("m", 10, 10)
-    assert meter.status_line() == "filling m: 0.0 of 0.0 GB, 0.00 GB/s"
+    meter.update("m", 0, total)
+    clock.now += 10
+    meter.update("m", done, total)
+    assert meter.status_line() == expected
 
 
 def test_unknown_model_reports_are_ignored() -> None:
