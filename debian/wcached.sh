@@ -11,8 +11,8 @@ if [ ! -x "$PY" ]; then
     exit 69
 fi
 PYTHONPATH="/usr/lib/wcached${PYTHONPATH:+:$PYTHONPATH}"
-# No bytecode next to the package's files: purge could not remove it, and a
-# rebuilt file with the same size and time would run the old bytecode.
+# The package's bytecode is py3compile's (made at install, removed by
+# py3clean): a Python run by hand as root adds none of its own.
 PYTHONDONTWRITEBYTECODE=1
 export PYTHONPATH PYTHONDONTWRITEBYTECODE WCACHED_PYTHON="$PY"
 exec "$PY" -m wcached "$@"

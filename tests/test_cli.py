@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -102,3 +103,7 @@ def test_status_says_when_the_socket_directory_cannot_be_read(work: Path) -> Non
     assert r.returncode == 3, r.stdout + r.stderr
     assert f"user nobody cannot list the socket directory {sdir} (mode 0750, group root)" in r.stderr
     assert "usermod -aG root nobody" in r.stderr
+    assert "no daemon sockets" not in r.stdout  # it could not look
+    # --json still prints JSON (what systemd knows; here, nothing).
+    r = run_as("nobody", [sys.executable, "-m", "wcached", "status", "--json", "--config", str(cfg)])
+    assert r.returncode == 3 and json.loads(r.stdout) == [], r.stdout + r.stderr

@@ -173,14 +173,16 @@ def test_status_shows_instances_without_a_socket_from_their_units(tmp_path: Path
     by = {v.instance: v for v in views}
     assert by["0"].state == "filling" and by["0"].exit_status is None
     assert by["1"].state == "failed" and by["1"].exit_status == 78
-    assert "configuration error (not retried)" in by["1"].exit_meaning
+    assert by["1"].exit_meaning.startswith("configuration error, or not a usable device (not retried)")
     assert by["cpu2"].state == "restarting" and by["cpu2"].exit_status == 75
     assert by["cpu2"].instance_id == "cpu2"
     text = table(views)
     assert "0: filling llama (1 of 2): 6.4 of 16.1 GB, 2.10 GB/s, 5 s left" in text
-    assert "1: exit status 78: configuration error (not retried): run wcached check-config" in text
+    assert "1: exit status 78: configuration error, or not a usable device (not retried)" in text
+    # What the daemon itself said last.
+    assert "1: failed: /etc/wcache/wcached.toml: model[0].dtype: ..." in text
     assert "journalctl -u wcached@1.service -e" in text
-    assert "cpu2: last run exit status 75: temporary: out of memory" in text
+    assert "cpu2: last run exit status 75: temporary: out of memory, a stalled fill" in text
     # An instance stopped cleanly is left out, unless asked for by name.
     stopped = msgspec.structs.replace(units[1], active_state="inactive", sub_state="dead", result="success")
     assert [v.instance for v in gather(str(tmp_path), None, 1.0, [units[0], stopped])] == ["0"]
@@ -253,3 +255,60 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _unit(
+    instance: str, active: str, sub: str, result: str = "success", status: int | None = 0, text: str = ""
+):
+    from wcached.status_view import UnitInfo
+
+    return UnitInfo(
+        unit=f"wcached@{instance}.service",
+        instance=instance,
+        active_state=active,
+        sub_state=sub,
+        result=result,
+        status_text=text,
+        exit_code="exited",
+        exit_status=status,
+    )
+
+
+def test_units_join_daemons_by_the_index_they_report_without_nvml() -> None:
+    """A GPU daemon reports its index: wcached@0 joins it with no NVML in this
+    process; a second unit of the same GPU (which cannot take its lock) is
+    shown on its own, not hidden."""
+    from wcached.status_view import InstanceView, _with_units
+
+    serving = InstanceView(instance="0", instance_id="GPU-abc", state="serving", gpu_uuid="GPU-abc")
+    units = [
+        _unit("0", "active", "running", text="serving 1 model(s)"),
+        _unit("GPU-abc", "activating", "auto-restart", "exit-code", 75),
+    ]
+    views = _with_units([serving], units, None)
+    assert [(v.instance, v.state, v.unit) for v in views] == [
+        ("0", "serving", "wcached@0.service"),
+        ("GPU-abc", "restarting", "wcached@GPU-abc.service"),
+    ]
+    assert views[1].exit_status == 75 and "another daemon serves this device" in views[1].exit_meaning
+
+
+def test_a_stale_socket_shows_what_the_unit_is_doing() -> None:
+    """SIGKILLed: its socket stays, nobody answers; the unit is restarting."""
+    from wcached.status_view import InstanceView, _with_units
+
+    stale = InstanceView(instance="cpu3", instance_id="cpu3", state="down", error="connection refused")
+    (view,) = _with_units([stale], [_unit("cpu3", "activating", "auto-restart", "signal", 9)], None)
+    assert view.state == "restarting" and view.error == "connection refused"
+
+
+def test_systemds_result_says_more_than_the_exit_status() -> None:
+    from wcached.status_view import _unit_view, table
+
+    gave_up = _unit_view(_unit("cpu1", "failed", "failed", "start-limit-hit", None), "cpu1")
+    assert gave_up.exit_meaning == (
+        "started too often in 10 minutes, systemd gave up: systemctl reset-failed wcached@cpu1.service"
+    )
+    assert "cpu1: started too often" in table([gave_up])
+    stalled = _unit_view(_unit("cpu2", "activating", "auto-restart", "watchdog", 6), "cpu2")
+    assert stalled.exit_meaning == "killed by the watchdog: its main loop stalled"

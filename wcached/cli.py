@@ -11,7 +11,7 @@ import sys
 import msgspec
 
 from wcached import __version__
-from wcached.config import default_config_path, instance_settings, load_config
+from wcached.config import DEFAULT_CONFIG_PATH, default_config_path, instance_settings, load_config
 from wcached.errors import EX_CONFIG, WcacheError
 
 # systemctl's convention: 3 = not running.
@@ -37,7 +37,7 @@ def _parser() -> argparse.ArgumentParser:
         sp.add_argument(
             "--config",
             default=None,
-            help=f"config file (default: $WCACHED_CONFIG or {default_config_path()})",
+            help=f"config file (default: $WCACHED_CONFIG or {DEFAULT_CONFIG_PATH})",
         )
         sp.set_defaults(func=func)
         return sp
@@ -148,19 +148,20 @@ def _status(args: argparse.Namespace) -> int:
         sdir = _socket_dir(args)
         unreadable = _unreadable_dir(sdir)
         if unreadable:
+            # Said, and what systemd knows (readable by anyone) still shown.
             print(f"wcached: {unreadable}", file=sys.stderr)
-            return EXIT_DOWN
-        views = status_view.gather(sdir, args.instance, args.timeout)
+        views = status_view.gather(sdir, args.instance, args.timeout, list_sockets=not unreadable)
     except WcacheError as e:
         print(f"wcached: {e}", file=sys.stderr)
         return e.exit_status
     if args.json:
         sys.stdout.write(msgspec.json.format(msgspec.json.encode(views), indent=2).decode() + "\n")
     elif not views:
-        print(f"no daemon sockets in {sdir} and no wcached@ units")
+        if not unreadable:
+            print(f"no daemon sockets in {sdir} and no wcached@ units")
     else:
         print(status_view.table(views))
-    return 0 if status_view.all_serving(views) else EXIT_DOWN
+    return 0 if status_view.all_serving(views) and not unreadable else EXIT_DOWN
 
 
 def _unreadable_dir(sdir: str) -> str:

@@ -82,6 +82,10 @@ def _resolve_gpu(name: str) -> Device:
         uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
         model = _text(pynvml.nvmlDeviceGetName(handle))
         memory = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
+    except pynvml.NVMLError as e:
+        # A GPU fallen off the bus, a driver mid-reload: the caller's error,
+        # not a traceback.
+        raise DeviceError(f"instance {name!r}: NVML failed: {e}") from None
     finally:
         pynvml.nvmlShutdown()
     aliases = tuple(a for a in {name, str(index)} if a != uuid)

@@ -31,10 +31,23 @@ EXIT_MEANINGS = {
     0: "stopped cleanly",
     1: "failed",
     EX_DATAERR: "a checkpoint is corrupt or truncated (not retried): the journal names the file and tensor",
-    EX_UNAVAILABLE: "a checkpoint path does not exist yet, not mounted? (retried)",
+    EX_UNAVAILABLE: "a checkpoint path does not exist yet (not mounted?), or WCACHED_PYTHON in "
+    "/etc/default/wcached is not an interpreter (retried)",
     EX_SOFTWARE: "software error, a bug (retried): the journal has the traceback",
-    EX_TEMPFAIL: "temporary: out of memory or a stalled fill (retried with a growing delay)",
-    EX_CONFIG: "configuration error (not retried): run wcached check-config",
+    EX_TEMPFAIL: "temporary: out of memory, a stalled fill, or another daemon serves this device "
+    "(retried with a growing delay)",
+    EX_CONFIG: "configuration error, or not a usable device (not retried): run wcached check-config",
+}
+
+# How a unit's last run ended (its Result=), where that says more than the
+# exit status: systemd killed it, or will not start it again.
+RESULT_MEANINGS = {
+    "timeout": "did not become ready within its start timeout (a fill that stopped progressing?)",
+    "watchdog": "killed by the watchdog: its main loop stalled",
+    "start-limit-hit": "started too often in 10 minutes, systemd gave up: systemctl reset-failed {unit}",
+    "oom-kill": "killed by the kernel's out-of-memory killer",
+    "resources": "systemd could not set up its sandbox (a ReadWritePaths= directory that does not exist?)",
+    "core-dump": "crashed (core dumped)",
 }
 
 
@@ -148,7 +161,11 @@ def _unit(block: str) -> UnitInfo | None:
     )
 
 
-def exit_meaning(code: str, status: int | None) -> str:
+def exit_meaning(code: str, status: int | None, result: str = "", unit: str = "") -> str:
+    """What the way a run ended means: systemd's Result= where it says more,
+    else the exit status or the signal."""
+    if result in RESULT_MEANINGS:
+        return RESULT_MEANINGS[result].format(unit=unit or "the unit")
     if status is None:
         return ""
     if code in ("killed", "dumped"):
@@ -182,11 +199,11 @@ def _unit_view(u: UnitInfo, instance_id: str) -> InstanceView:
         unit_state=f"{u.active_state}/{u.sub_state}",
         unit_status=u.status_text,
     )
-    # A run that ended badly: what its exit status means (also while the
-    # unit waits to restart it).
-    if u.result not in ("", "success") and u.exit_status is not None:
+    # A run that ended badly: what it means (also while the unit waits to
+    # restart it).
+    if u.result not in ("", "success"):
         view.exit_status = u.exit_status
-        view.exit_meaning = exit_meaning(u.exit_code, u.exit_status)
+        view.exit_meaning = exit_meaning(u.exit_code, u.exit_status, u.result, u.unit)
     return view
 
 
@@ -208,66 +225,86 @@ def gather(
     only: str | None,
     timeout: float,
     units: list[UnitInfo] | None = None,
+    list_sockets: bool = True,
 ) -> list[InstanceView]:
-    """Every instance with a socket in ``socket_dir`` or a loaded unit (or
-    just ``only``), each asked over its socket where it has one."""
+    """Every instance with a socket in ``socket_dir`` (unless
+    ``list_sockets`` is off: a directory this user cannot list) or a loaded
+    unit, or just ``only``; each asked over its socket where it has one."""
     from wcached.client.connection import DaemonConnection
+    from wcached.device import instance_id_for
 
     units = systemd_units() if units is None else units
-    by_id: dict[str, UnitInfo] = {}
-    for u in units:
-        by_id.setdefault(canonical_instance(u.instance), u)
-    if not only:
-        # An instance stopped on purpose (cleanly) is not news; asked for by
-        # name, it is shown as stopped.
-        by_id = {
-            k: u for k, u in by_id.items() if not (u.active_state == "inactive" and u.result == "success")
-        }
+    resolve_error = ""
     if only:
-        wanted = canonical_instance(only)
+        try:
+            wanted = instance_id_for(only)
+        except WcacheError as e:
+            wanted, resolve_error = only, str(e)
         targets = [(wanted, os.path.join(socket_dir, f"{wanted}.sock"))]
-        by_id = {k: v for k, v in by_id.items() if k == wanted}
-    else:
+    elif list_sockets:
         paths = sorted(glob.glob(os.path.join(socket_dir, "*.sock")))
         targets = [(os.path.basename(p)[: -len(".sock")], p) for p in paths]
+    else:
+        targets = []
     views: list[InstanceView] = []
     for instance_id, path in targets:
-        unit = by_id.pop(instance_id, None)
-        if not os.path.exists(path) and unit is not None:
-            views.append(_unit_view(unit, instance_id))
-            continue
         try:
             with DaemonConnection(path, timeout=timeout, client="wcached status") as conn:
                 reply = conn.status()
         except (WcacheError, OSError) as e:
-            if unit is not None:
-                view = _unit_view(unit, instance_id)
-            else:
-                view = InstanceView(instance=only or instance_id, instance_id=instance_id, state="down")
-            view.state, view.error = "down", str(e)
+            view = InstanceView(instance=only or instance_id, instance_id=instance_id, state="down")
+            view.error = resolve_error or str(e)
             views.append(view)
             continue
         cuda = reply.backend == "cuda"
-        name = str(reply.device_index) if cuda and reply.device_index >= 0 else reply.instance
-        view = InstanceView(
-            instance=unit.instance if unit else name,
-            instance_id=reply.instance,
-            state=reply.state,
-            device=reply.device,
-            gpu_uuid=reply.instance if cuda else "",
-            pid=reply.pid,
-            daemon_version=reply.daemon_version,
-            uptime_s=reply.uptime_s,
-            device_memory_bytes=reply.device_memory_bytes,
-            models=reply.models,
-            clients=reply.clients,
+        views.append(
+            InstanceView(
+                instance=str(reply.device_index) if cuda and reply.device_index >= 0 else reply.instance,
+                instance_id=reply.instance,
+                state=reply.state,
+                device=reply.device,
+                gpu_uuid=reply.instance if cuda else "",
+                pid=reply.pid,
+                daemon_version=reply.daemon_version,
+                uptime_s=reply.uptime_s,
+                device_memory_bytes=reply.device_memory_bytes,
+                models=reply.models,
+                clients=reply.clients,
+            )
         )
-        if unit is not None:
-            view.unit, view.unit_state = unit.unit, f"{unit.active_state}/{unit.sub_state}"
-            view.unit_status = unit.status_text
-        views.append(view)
-    views += [_unit_view(u, i) for i, u in sorted(by_id.items())]
-    return views
+    return _with_units(views, units, only)
+
+
+def _with_units(views: list[InstanceView], units: list[UnitInfo], only: str | None) -> list[InstanceView]:
+    """Each unit joined to its instance's view, matched by name first (a
+    daemon says its index and id, so no NVML is needed for those); a unit
+    without one gets a view of its own, as does a second unit of a device
+    (two daemons for one GPU: one of them cannot take its lock)."""
+    merged: set[int] = set()
+    extra: list[InstanceView] = []
+    for u in units:
+        names = {u.instance}
+        match = next((i for i, v in enumerate(views) if {v.instance, v.instance_id} & names), None)
+        if match is None:
+            names.add(canonical_instance(u.instance))
+            match = next((i for i, v in enumerate(views) if {v.instance, v.instance_id} & names), None)
+        if only and match is None and not ({only, canonical_instance(only)} & names):
+            continue
+        if match is None or match in merged:
+            if not only and u.active_state == "inactive" and u.result == "success":
+                continue  # stopped on purpose: not news, unless asked for by name
+            extra.append(_unit_view(u, canonical_instance(u.instance)))
+            continue
+        merged.add(match)
+        v = views[match]
+        v.instance = u.instance
+        v.unit, v.unit_state, v.unit_status = u.unit, f"{u.active_state}/{u.sub_state}", u.status_text
+        if v.error and u.active_state != "active":
+            # A socket left by a run that ended: the unit says what happens now.
+            unit_view = _unit_view(u, v.instance_id)
+            unit_view.error = v.error
+            views[match] = unit_view
+    return views + sorted(extra, key=lambda v: v.instance)
 
 
 def all_serving(views: list[InstanceView]) -> bool:
@@ -316,12 +353,14 @@ def _notes(v: InstanceView) -> list[str]:
     notes = []
     if v.state in ("filling", "starting", "restarting") and v.unit_status:
         notes.append(f"{v.instance}: {v.unit_status}")
-    if v.exit_status is not None:
+    if v.exit_meaning:
         ran = "last run " if v.state == "restarting" else ""
+        how = f"exit status {v.exit_status}: " if v.exit_status is not None else ""
         notes.append(
-            f"{v.instance}: {ran}exit status {v.exit_status}: {v.exit_meaning}; "
-            f"journalctl -u {v.unit or 'wcached@' + v.instance} -e"
+            f"{v.instance}: {ran}{how}{v.exit_meaning}; journalctl -u {v.unit or 'wcached@' + v.instance} -e"
         )
+        if v.unit_status.startswith("failed: "):
+            notes.append(f"{v.instance}: {v.unit_status}")  # the daemon's own last word
     if v.error:
         notes.append(f"{v.instance}: {v.error}")
     note = memory_note(v)

@@ -3,6 +3,7 @@ and the numbers in both against what the test did."""
 
 from __future__ import annotations
 
+import http.client
 import os
 import signal
 import socket
@@ -268,18 +269,73 @@ def _other_address() -> str | None:
     return others[0] if others else None
 
 
+def _listening_addresses(port: int) -> list[str]:
+    """The local addresses of the sockets listening on ``port`` (the kernel's
+    own table: true on hosts with only loopback too)."""
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.read().splitlines()[1:]:
+                local, state = line.split()[1], line.split()[3]
+                address, hex_port = local.split(":")
+                if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                    found.append(address)
+    return found
+
+
 def test_endpoint_listens_on_loopback_only(work: Path, sharded_ckpt: Path) -> None:
-    other = _other_address()
-    if other is None:
-        pytest.skip("this host has no IPv4 address besides loopback to try the endpoint on")
     port = _free_port_pair()
     (d,) = _up(_config(work, sharded_ckpt, metrics_port=port), "cpu0")
     try:
         assert _value(_samples(_scrape(port)), "wcached_up", "cpu0") == 1
-        with pytest.raises(ConnectionRefusedError), socket.create_connection((other, port), timeout=5):
-            pass
+        # 127.0.0.1, little-endian hex, and nothing else.
+        assert _listening_addresses(port) == ["0100007F"]
+        other = _other_address()
+        if other is not None:
+            with pytest.raises(ConnectionRefusedError), socket.create_connection((other, port), timeout=5):
+                pass
         assert d.stop() == 0
     finally:
+        _down([d])
+
+
+def test_silent_scrapers_cannot_pile_up_threads_and_are_cut_off(work: Path, sharded_ckpt: Path) -> None:
+    """A local user opening connections without end gets MAX_SCRAPES served at
+    a time and each cut off at the request deadline; the daemon's threads stay
+    bounded and scrapes work again afterwards."""
+    from wcached.daemon.metrics import MAX_SCRAPES, REQUEST_DEADLINE_S
+
+    port = _free_port_pair()
+    (d,) = _up(_config(work, sharded_ckpt, metrics_port=port), "cpu0")
+    silent: list[socket.socket] = []
+    try:
+        threads_before = len(os.listdir(f"/proc/{d.proc.pid}/task"))
+        for _ in range(60):
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            s.sendall(b"G")  # a request begun and never finished
+            silent.append(s)
+        time.sleep(0.5)
+        threads = len(os.listdir(f"/proc/{d.proc.pid}/task"))
+        # A thread and a deadline timer per served scrape, at most.
+        assert threads - threads_before <= 2 * MAX_SCRAPES, (threads_before, threads)
+        started = time.monotonic()
+        for s in silent[:MAX_SCRAPES]:
+            s.settimeout(REQUEST_DEADLINE_S + 5)
+            assert s.recv(1) == b""  # closed by the daemon, unanswered
+        assert time.monotonic() - started < REQUEST_DEADLINE_S + 5
+        # Their slots come back as their threads end (a moment after the cut).
+        deadline = time.monotonic() + 5
+        while True:
+            try:
+                assert _value(_samples(_scrape(port)), "wcached_up", "cpu0") == 1
+                break
+            except (ConnectionError, http.client.HTTPException):
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+        assert d.stop() == 0
+    finally:
+        for s in silent:
+            s.close()
         _down([d])
 
 

@@ -25,6 +25,8 @@ import errno
 import functools
 import logging
 import os
+import socket
+import tempfile
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
@@ -78,8 +80,13 @@ ERROR_CODES = (
 )
 # The model label of an attach naming no configured model.
 UNKNOWN_MODEL = ""
-# A scrape connection that sends nothing is dropped after this long.
-HTTP_TIMEOUT_S = 10.0
+# Scrapes answered at once; a connection beyond them is closed unanswered. A
+# local user could otherwise open connections without end, each a thread and
+# an fd of the daemon (its engines' attaches need fds too).
+MAX_SCRAPES = 4
+# A whole request, however slowly it arrives, is cut off after this long
+# (a per-recv timeout would let a client dripping a byte at a time hold on).
+REQUEST_DEADLINE_S = 5.0
 # The textfile's mode: node-exporter runs as another user, and the unit's
 # UMask=0027 would leave a plainly created file unreadable to it. Nothing in
 # it is private (no pids, no client names).
@@ -169,9 +176,10 @@ class Metrics(NoMetrics):
         so a scrape never sees half a file. (prometheus_client's
         write_to_textfile does the same, but leaves the mode to the umask.)"""
         data = self.exposition()
-        tmp = f"{path}.{os.getpid()}.tmp"
+        # A fresh name of its own (O_EXCL): the directory is shared with
+        # other services.
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=os.path.dirname(path) or ".")
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
             try:
                 os.fchmod(fd, TEXTFILE_MODE)
                 view = memoryview(data)
@@ -292,8 +300,19 @@ def _http_classes() -> tuple[type, type]:
     from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
     class Handler(WSGIRequestHandler):
-        # A connection that stalls is dropped instead of holding a thread.
-        timeout = HTTP_TIMEOUT_S
+        def setup(self) -> None:
+            super().setup()
+            self._deadline = threading.Timer(REQUEST_DEADLINE_S, self._cut_off)
+            self._deadline.daemon = True
+            self._deadline.start()
+
+        def _cut_off(self) -> None:
+            with contextlib.suppress(OSError):
+                self.connection.shutdown(socket.SHUT_RDWR)
+
+        def finish(self) -> None:
+            self._deadline.cancel()
+            super().finish()
 
         def log_message(self, format: str, *args: object) -> None:
             """Scrapes are not worth a journal line each."""
@@ -301,6 +320,22 @@ def _http_classes() -> tuple[type, type]:
     class Server(socketserver.ThreadingMixIn, WSGIServer):
         daemon_threads = True
         block_on_close = False
+
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            self._slots = threading.BoundedSemaphore(MAX_SCRAPES)
+            super().__init__(*args, **kwargs)
+
+        def process_request(self, request: socket.socket, client_address: object) -> None:
+            if not self._slots.acquire(blocking=False):
+                self.shutdown_request(request)  # all slots busy: closed, unanswered
+                return
+            super().process_request(request, client_address)
+
+        def process_request_thread(self, request: socket.socket, client_address: object) -> None:
+            try:
+                super().process_request_thread(request, client_address)
+            finally:
+                self._slots.release()
 
         def server_bind(self) -> None:
             # HTTPServer.server_bind resolves the address's name (getfqdn), a

@@ -88,8 +88,11 @@ class Service:
         prepare_socket_dir(s.socket_dir, s.source)
         lock = InstanceLock(s.lock_path, s.instance_id).acquire()
         try:
-            # Before the fill: a port in use is exit 78 now, not after it.
+            # Before the fill: a port in use is exit 78 now, not after it;
+            # scrapes are answered from now on (wcached_up 0 while filling).
             self._open_metrics()
+            if self.endpoint is not None:
+                self.endpoint.start()
             if os.path.lexists(s.socket_path):
                 log.info("removing stale socket %s", s.socket_path)
                 os.unlink(s.socket_path)
@@ -102,8 +105,6 @@ class Service:
             self.server = Server(s, self.device, models, self.policy, self.metrics)
             self.server.on_released = self._forget
             self.server.bind()
-            if self.endpoint is not None:
-                self.endpoint.start()
             self._write_textfile()
             total = sum(m.manifest.total_bytes for m in models.values())
             log.info(
@@ -305,6 +306,7 @@ class Service:
             self.notifier.ping_watchdog()
         resume_at: float | None = None  # accepts paused (out of fds) until then
         written_at = time.monotonic()  # the textfile, by run() just before
+        sent_status = self._status_line()  # with READY, by run() just before
         write_at: float | None = None  # a change to write to the textfile then
         while self.stop_signal is None:
             timeout = interval if resume_at is None else max(0.0, min(interval, resume_at - time.monotonic()))
@@ -324,7 +326,14 @@ class Service:
                 self.notifier.ping_watchdog()
             if self.server.changed.is_set():
                 self.server.changed.clear()
-                self.notifier.status(self._status_line())
+                # Only a new line: error replies and attaches change the
+                # metrics, not the status line, and each datagram sent for
+                # nothing could fill the notify socket's queue (where the fd
+                # store's messages wait their turn).
+                line = self._status_line()
+                if line != sent_status:
+                    self.notifier.status(line)
+                    sent_status = line
                 if self._textfile and write_at is None:
                     write_at = written_at + METRICS_MIN_INTERVAL_S
             now = time.monotonic()

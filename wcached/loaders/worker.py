@@ -45,7 +45,7 @@ def run(chan: Channel) -> None:
         model = model_from_builtins(raw)
         last = 0.0
 
-        def progress(done: int, total: int, name: str = model.name) -> None:
+        def progress(done: int, total: int = 0, name: str = model.name) -> None:
             nonlocal last
             now = time.monotonic()
             # The first report (the total) and the last always go out.

@@ -122,6 +122,7 @@ class MemoryBackend(abc.ABC):
         return max(g, (nbytes + g - 1) // g * g)
 
 
-# progress(done_bytes, total_bytes): how much of the model's checkpoint a fill
-# has read so far, out of how much (0 while the loader does not know yet).
-ProgressFn = Callable[[int, int], None]
+# progress(done_bytes, total_bytes=0): how much of the model's checkpoint a
+# fill has read so far, out of how much (0: not known; a loader written for
+# progress(done) alone still works).
+ProgressFn = Callable[..., None]
