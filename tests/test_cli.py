@@ -59,8 +59,9 @@ def test_doctor_reports_a_good_config_and_a_missing_checkpoint(
 
 
 def test_check_config_as_the_daemons_user_finds_what_serve_would_trip_over(work: Path, sharded_ckpt) -> None:
-    """An unreadable model directory and a lock file of root's: found before a
-    long fill, named, with the user they were checked for."""
+    """An unreadable model directory, a lock file of root's and a metrics
+    directory it cannot write: found before a long fill, named, with the user
+    they were checked for."""
     from tests.helpers import require_other_users, write_config
 
     require_other_users()
@@ -72,10 +73,13 @@ def test_check_config_as_the_daemons_user_finds_what_serve_would_trip_over(work:
     run.mkdir(mode=0o755)
     (run / "cpu0.lock").write_text("1\n")
     (run / "cpu0.lock").chmod(0o600)
+    metrics = work / "metrics"
+    metrics.mkdir(mode=0o755)  # root's: the daemon's user cannot write its textfile there
+    metrics.chmod(0o755)
     cfg = write_config(
         work / "wcached.toml",
         models=[{"name": "default", "path": str(ckpt)}],
-        daemon={"socket_dir": str(run), "allowed_users": ["nobody"]},
+        daemon={"socket_dir": str(run), "allowed_users": ["nobody"], "metrics_dir": str(metrics)},
     )
     argv = [sys.executable, "-m", "wcached", "check-config", "--config", str(cfg)]
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
@@ -86,6 +90,7 @@ def test_check_config_as_the_daemons_user_finds_what_serve_would_trip_over(work:
     assert "checked as user nobody" in r.stderr
     assert f"user nobody cannot list {ckpt}" in r.stderr
     assert f"{run / 'cpu0.lock'} belongs to user root, not to nobody" in r.stderr
+    assert f"key 'daemon.metrics_dir': {metrics} is not writable by uid" in r.stderr
 
 
 def test_status_says_when_the_socket_directory_cannot_be_read(work: Path) -> None:

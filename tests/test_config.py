@@ -96,6 +96,11 @@ def test_instance_table_matches_gpu_alias(tmp_path: Path) -> None:
             "loopback",
         ),
         (
+            '[[model]]\nname = "a"\npath = "p"\nloader = "vllm"\nrendezvous = "tcp://127.0.0.1:70000"\n',
+            "model[0].rendezvous",
+            "port must be 1..65535",
+        ),
+        (
             '[[model]]\nname = "a"\npath = "p"\nloader = "vllm"\ntensor_parallel_size = 2\n'
             'ranks = { "0" = 0, "1" = 2 }\n',
             "model[0].ranks.1",

@@ -189,3 +189,13 @@ def test_gpu_host_passes_the_device_checks() -> None:
     assert report.failed == 0, text
     assert "ok    NVIDIA device nodes" in text
     assert "VMM with POSIX fd export" in text and "ok    GPU 0:" in text
+
+
+def test_a_unit_systemd_gave_up_on_gets_reset_failed() -> None:
+    from tests.test_status_view import _unit
+
+    report = Report()
+    check_units(report, None, [_unit("cpu1", "failed", "failed", "start-limit-hit", None)])
+    line, fix = _problem("\n".join(report.lines), "wcached@cpu1.service")
+    assert "started too often in 10 minutes" in line
+    assert fix.endswith("systemctl reset-failed wcached@cpu1.service && systemctl start wcached@cpu1.service")

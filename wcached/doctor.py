@@ -103,7 +103,7 @@ def check_config(r: Report, path: str | None):
     return cfg
 
 
-def _models_of(cfg, instance: str | None) -> list:
+def _models_of(r: Report, cfg, instance: str | None) -> list:
     if instance is None:
         return list(cfg.model)
     from wcached.config import instance_settings
@@ -112,7 +112,11 @@ def _models_of(cfg, instance: str | None) -> list:
     try:
         device = resolve_instance(instance)
         return list(instance_settings(cfg, device.instance_id, (instance, *device.aliases)).models)
-    except WcacheError:
+    except WcacheError as e:
+        r.fail(
+            f"instance {instance}: {e}",
+            "name an instance as its unit does: 0 (a GPU index), GPU-<uuid>, cpuN",
+        )
         return list(cfg.model)
 
 
@@ -169,7 +173,14 @@ def check_user_access(r: Report, cfg, models: list, user: str) -> None:
         return
     source = os.path.abspath(cfg.source)
     argv = [sys.executable, "-m", "wcached", "check-config", "--user", user, "--config", source]
-    out = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd="/")
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd="/")
+    except subprocess.TimeoutExpired:
+        r.fail(
+            f"checking the model paths as user {user} took over 120 s (a hung network filesystem?)",
+            "findmnt; then ls each model path to see which one hangs",
+        )
+        return
     if out.returncode == 0:
         r.ok(f"user {user} can read every model path and use the socket directory")
         return
@@ -350,12 +361,22 @@ EXIT_FIXES = {
     EX_CONFIG: "wcached check-config --user wcache; fix what it names, then: systemctl restart {unit}",
     EX_DATAERR: "journalctl -u {unit} -e names the file and tensor: copy that file again, "
     "then: systemctl restart {unit}",
-    EX_UNAVAILABLE: "mount the checkpoint's filesystem (the unit retries by itself): findmnt; "
-    "journalctl -u {unit} -e",
-    EX_TEMPFAIL: "free memory on the device (nvidia-smi shows who holds it) or fill fewer models; "
-    "the unit retries by itself: journalctl -u {unit} -e",
+    EX_UNAVAILABLE: "journalctl -u {unit} -e says which: a checkpoint path not there yet (findmnt; the unit "
+    "retries by itself), or WCACHED_PYTHON in /etc/default/wcached that is not an interpreter",
+    EX_TEMPFAIL: "journalctl -u {unit} -e says which: device memory (nvidia-smi shows who holds it), a "
+    "stalled fill, or two units for one device (systemctl list-units 'wcached@*': keep one)",
     EX_SOFTWARE: "a bug: journalctl -u {unit} -e has the traceback; report it, "
     "then: systemctl restart {unit}",
+}
+# By systemd's Result= of the last run, where it says more than the status.
+RESULT_FIXES = {
+    "start-limit-hit": "journalctl -u {unit} -e for why it kept failing; then: systemctl reset-failed {unit} "
+    "&& systemctl start {unit}",
+    "timeout": "journalctl -u {unit} -e: what the fill was doing (a stalled fill, a rank that never joined)",
+    "watchdog": "journalctl -u {unit} -e around the kill; report it with the journal",
+    "resources": "systemctl status {unit}: a ReadWritePaths= directory that does not exist? "
+    "(create it, or prefix it with - in the drop-in)",
+    "oom-kill": "the host ran out of memory: journalctl -k | grep -i oom",
 }
 
 
@@ -371,17 +392,19 @@ def check_units(r: Report, instance: str | None, units=None) -> None:
             return
     for u in units:
         state = f"{u.active_state}/{u.sub_state}"
-        failed = u.result not in ("", "success") and u.exit_status is not None
+        failed = u.result not in ("", "success")
         if not failed:
             r.ok(f"{u.unit}: {state}" + (f" ({u.status_text})" if u.status_text else ""))
             continue
-        meaning = exit_meaning(u.exit_code, u.exit_status)
-        fix = (
-            EXIT_FIXES.get(u.exit_status, "journalctl -u {unit} -e")
-            if u.exit_code == "exited"
-            else ("journalctl -k | grep -i -e oom -e killed; journalctl -u {unit} -e")
-        )
-        r.fail(f"{u.unit}: {state}, last exit status {u.exit_status}: {meaning}", fix.format(unit=u.unit))
+        meaning = exit_meaning(u.exit_code, u.exit_status, u.result, u.unit)
+        if u.result in RESULT_FIXES:
+            fix = RESULT_FIXES[u.result]
+        elif u.exit_code == "exited":
+            fix = EXIT_FIXES.get(u.exit_status, "journalctl -u {unit} -e")
+        else:
+            fix = "journalctl -k | grep -i -e oom -e killed; journalctl -u {unit} -e"
+        status = f", last exit status {u.exit_status}" if u.exit_status is not None else ""
+        r.fail(f"{u.unit}: {state}{status}: {meaning}", fix.format(unit=u.unit))
 
 
 # -- tensor-parallel fills -------------------------------------------------------
@@ -407,6 +430,9 @@ def check_parallel_fill(r: Report, models: list, net: str = "/sys/class/net") ->
     for m in parallel:
         host, port = m.rendezvous.removeprefix("tcp://").rsplit(":", 1)
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # As the rendezvous binds it (torch's store): a port in TIME_WAIT
+        # after an earlier fill is free.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((socket.gethostbyname(host), int(port)))
         except OSError as e:
@@ -431,7 +457,7 @@ def run(config: str | None, instance: str | None = None, user: str = DAEMON_USER
     check_python(r)
     cfg = check_config(r, config)
     if cfg is not None:
-        models = _models_of(cfg, instance)
+        models = _models_of(r, cfg, instance)
         check_models(r, cfg, models)
         if cfg.daemon.worker_python and not os.access(cfg.daemon.worker_python, os.X_OK):
             r.fail(

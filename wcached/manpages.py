@@ -258,7 +258,7 @@ def command_reference(parser: argparse.ArgumentParser | None = None) -> str:
         ".B doctor",
         "and",
         ".B verify",
-        "exit 1 when they find a problem; every command exits 78 on a configuration error.",
+        "exit 1 when they find a problem; the other commands exit 78 on a configuration error.",
         ".SH FILES",
         ".TP",
         ".I /etc/wcache/wcached.toml",

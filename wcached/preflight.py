@@ -48,6 +48,11 @@ def problems(cfg: Config) -> list[str]:
         found.append(f"daemon.socket_dir {d.socket_dir} exists and is not a directory")
     for i, m in enumerate(cfg.model):
         found += _unreadable(m.path, f"model[{i}] ({m.name})", m.accepts_remote_path)
+    if d.metrics_dir:
+        # (Ports are not tried: the instances running now hold their own.)
+        from wcached.daemon.metrics import check_metrics_dir
+
+        check(check_metrics_dir, d.metrics_dir, cfg.source)
     return found
 
 

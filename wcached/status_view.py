@@ -16,7 +16,7 @@ import os
 import shutil
 import subprocess
 from collections.abc import Callable, Sequence
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -51,6 +51,9 @@ RESULT_MEANINGS = {
 }
 
 
+State = Literal["serving", "stopping", "filling", "starting", "restarting", "failed", "stopped", "down"]
+
+
 def _doc(text: str) -> msgspec.Meta:
     return msgspec.Meta(description=text)
 
@@ -63,7 +66,7 @@ class InstanceView(msgspec.Struct, kw_only=True):
     ]
     instance_id: Annotated[str, _doc('canonical: "cpu0" or "GPU-<uuid>"; the socket is <instance_id>.sock')]
     state: Annotated[
-        str,
+        State,
         _doc(
             "serving or stopping (the daemon answered); filling, starting, restarting, failed or "
             "stopped (from its systemd unit); down (a socket or running unit that did not answer)"
@@ -193,7 +196,7 @@ def _unit_view(u: UnitInfo, instance_id: str) -> InstanceView:
     view = InstanceView(
         instance=u.instance,
         instance_id=instance_id,
-        state=state or u.active_state,
+        state=state or "down",  # a state this release does not know (maintenance, ...)
         gpu_uuid=instance_id if instance_id.startswith("GPU-") else "",
         unit=u.unit,
         unit_state=f"{u.active_state}/{u.sub_state}",

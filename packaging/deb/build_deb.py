@@ -80,17 +80,28 @@ def prepare(src: Path, ver: str, epoch: int) -> None:
 
 def build_wheel(src: Path) -> Path:
     wheels = src / "debian" / "wheel"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(wheels), str(src)],
-        check=True,
-        env=dict(os.environ, PIP_NO_CACHE_DIR="1"),
-    )
+    argv = [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(wheels)]
+    if _has_setuptools(68):
+        # Offline: this interpreter's setuptools builds it (pyproject.toml's
+        # build-system), rather than one pip would fetch for an isolated build.
+        argv.append("--no-build-isolation")
+    subprocess.run([*argv, str(src)], check=True, env=dict(os.environ, PIP_NO_CACHE_DIR="1"))
     (wheel,) = wheels.glob("wcached-*.whl")
     # pip's build leaves its egg-info in the tree; the package does not want it.
     for junk in src.glob("*.egg-info"):
         shutil.rmtree(junk)
     shutil.rmtree(src / "build", ignore_errors=True)
     return wheel
+
+
+def _has_setuptools(major: int) -> bool:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return int(dist_version("setuptools").split(".")[0]) >= major
+    except (PackageNotFoundError, ValueError):
+        return False
 
 
 def build(out_dir: Path, work: Path, ver: str | None = None) -> Path:

@@ -63,6 +63,8 @@ class VllmModel(ModelConfig, tag="vllm", frozen=True, kw_only=True):
             out.append(
                 ("rendezvous", f"must be a loopback address (tcp://127.0.0.1:PORT), got {self.rendezvous!r}")
             )
+        elif self.rendezvous and not 1 <= int(self.rendezvous.rsplit(":", 1)[1]) <= 65535:
+            out.append(("rendezvous", f"port must be 1..65535, got {self.rendezvous!r}"))
         world = tp * pp
         for inst, rank in self.ranks.items():
             if not 0 <= rank < world:
