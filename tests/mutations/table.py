@@ -85,7 +85,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "malformed frame after hello ends the connection",
         "wcached/daemon/server.py",
-        "                    chan.send(ErrorReply(code=e.code, message=str(e)), timeout=timeout)\n"
+        "                    chan.send(self._error_reply(e.code, str(e)), timeout=timeout)\n"
         "                    continue",
         "                    raise",
         (
