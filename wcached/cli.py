@@ -169,15 +169,10 @@ def _unreadable_dir(sdir: str) -> str:
     listing it may not read would look like no daemon at all."""
     if not os.path.isdir(sdir) or os.access(sdir, os.R_OK | os.X_OK):
         return ""
-    import grp
-
-    from wcached.daemon.lock import user_name
+    from wcached.daemon.lock import group_name, user_name
 
     st = os.stat(sdir)
-    try:
-        group = grp.getgrgid(st.st_gid).gr_name
-    except KeyError:
-        group = str(st.st_gid)
+    group = group_name(st.st_gid)
     user = user_name(os.geteuid()) if os.geteuid() != st.st_uid else "its owner"
     return (
         f"user {user} cannot list the socket directory {sdir} (mode {st.st_mode & 0o777:04o}, "

@@ -79,8 +79,8 @@ def _resolve_gpu(name: str) -> Device:
             except pynvml.NVMLError:
                 raise DeviceError(f"instance {name!r}: no GPU with that UUID") from None
             index = pynvml.nvmlDeviceGetIndex(handle)
-        uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
-        model = _text(pynvml.nvmlDeviceGetName(handle))
+        uuid = nvml_text(pynvml.nvmlDeviceGetUUID(handle))
+        model = nvml_text(pynvml.nvmlDeviceGetName(handle))
         memory = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
     except pynvml.NVMLError as e:
         # A GPU fallen off the bus, a driver mid-reload: the caller's error,
@@ -107,7 +107,8 @@ def _resolve_gpu_isolated(name: str) -> Device:
     return Device(**raw)
 
 
-def _text(value: str | bytes) -> str:
+def nvml_text(value: str | bytes) -> str:
+    """NVML's strings: bytes from older nvidia-ml-py releases, str from newer."""
     return value.decode() if isinstance(value, bytes) else value
 
 

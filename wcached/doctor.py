@@ -22,6 +22,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 
+from wcached.device import nvml_text
 from wcached.errors import EX_CONFIG, EX_DATAERR, EX_SOFTWARE, EX_TEMPFAIL, EX_UNAVAILABLE, WcacheError
 
 PACKAGE_SOCKET_DIR = "/run/wcache"  # what the package's tmpfiles.d line creates
@@ -200,7 +201,7 @@ def check_user_access(r: Report, cfg, models: list, user: str) -> None:
 
 
 def check_socket_dir(r: Report, cfg) -> None:
-    from wcached.daemon.lock import user_name
+    from wcached.daemon.lock import group_name, user_name
 
     sdir = cfg.daemon.socket_dir
     quoted = shlex.quote(sdir)
@@ -234,7 +235,7 @@ def check_socket_dir(r: Report, cfg) -> None:
         return
     mode = stat.S_IMODE(st.st_mode)
     owner = user_name(st.st_uid)
-    group = _group_name(st.st_gid)
+    group = group_name(st.st_gid)
     fix = f"chown {DAEMON_USER}:{DAEMON_USER} {quoted} && chmod 0750 {quoted}"
     if mode & 0o002 or (mode & 0o020 and group != DAEMON_USER):
         r.fail(
@@ -256,13 +257,6 @@ def check_socket_dir(r: Report, cfg) -> None:
             r.fail(
                 f"allowed group {g} does not exist", f"groupadd --system {g}, or fix daemon.allowed_groups"
             )
-
-
-def _group_name(gid: int) -> str:
-    try:
-        return grp.getgrgid(gid).gr_name
-    except KeyError:
-        return str(gid)
 
 
 def _has_user(name: str) -> bool:
@@ -290,7 +284,9 @@ def check_gpu(r: Report, dev: str = "/dev", sys_module: str = "/sys/module") -> 
             count = nvml.nvmlDeviceGetCount()
             for i in range(count):
                 h = nvml.nvmlDeviceGetHandleByIndex(i)
-                r.ok(f"GPU {i}: {_text(nvml.nvmlDeviceGetName(h))} {_text(nvml.nvmlDeviceGetUUID(h))}")
+                r.ok(
+                    f"GPU {i}: {nvml_text(nvml.nvmlDeviceGetName(h))} {nvml_text(nvml.nvmlDeviceGetUUID(h))}"
+                )
             nvml.nvmlShutdown()
         except Exception as e:
             r.fail(f"NVML does not start: {e}", "check the NVIDIA driver: nvidia-smi")
@@ -348,10 +344,6 @@ def check_vmm(r: Report) -> None:
             r.fail(str(e), "install a Linux NVIDIA driver >= 450 (nvidia-smi shows the version)")
         else:
             r.ok(f"GPU {i} ({uuid}): VMM with POSIX fd export")
-
-
-def _text(v: str | bytes) -> str:
-    return v.decode() if isinstance(v, bytes) else v
 
 
 # -- systemd ------------------------------------------------------------------

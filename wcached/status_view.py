@@ -285,13 +285,14 @@ def _with_units(views: list[InstanceView], units: list[UnitInfo], only: str | No
     (two daemons for one GPU: one of them cannot take its lock)."""
     merged: set[int] = set()
     extra: list[InstanceView] = []
+    wanted = {only, canonical_instance(only)} if only else set()
     for u in units:
         names = {u.instance}
         match = next((i for i, v in enumerate(views) if {v.instance, v.instance_id} & names), None)
         if match is None:
             names.add(canonical_instance(u.instance))
             match = next((i for i, v in enumerate(views) if {v.instance, v.instance_id} & names), None)
-        if only and match is None and not ({only, canonical_instance(only)} & names):
+        if only and match is None and not (wanted & names):
             continue
         if match is None or match in merged:
             if not only and u.active_state == "inactive" and u.result == "success":

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import grp
 import os
 import pwd
 
@@ -67,6 +68,13 @@ def user_name(uid: int) -> str:
         return pwd.getpwuid(uid).pw_name
     except KeyError:
         return str(uid)
+
+
+def group_name(gid: int) -> str:
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
 
 
 def left_by_another_user(path: str, owner_uid: int, holder: str = "a daemon") -> str:
