@@ -184,12 +184,16 @@ def _parse_models(tables: object, path: str) -> list[ModelConfig]:
         except Exception as e:  # a loader plugin that does not import or is no loader
             raise ConfigError(path, f"{key}.loader", f"loader {loader!r} cannot be used: {e}") from None
         try:
-            models.append(msgspec.convert({**table, "loader": loader}, options))
+            model = msgspec.convert({**table, "loader": loader}, options)
         except msgspec.ValidationError as e:
             sub, problem = _split_validation_error(str(e), options)
             if problem == "unknown key" and sub:
                 problem = _unknown_model_key(sub, loader)
             raise ConfigError(path, f"{key}.{sub}" if sub else key, problem) from None
+        try:
+            models.append(model.parsed())
+        except ConfigError as e:
+            raise ConfigError(path, f"{key}.{e.key}", e.problem) from None
     return models
 
 

@@ -68,7 +68,9 @@ def test_ready_is_sent_only_after_the_socket_accepts(work: Path, cpu_config: Pat
     (READY before bind would block with no socket, time out and be lost.)"""
     listener = NotifyListener(work)
     senders = _fill_queue(listener)
-    env = {"NOTIFY_SOCKET": listener.path}
+    # No fd store (FileDescriptorStoreMax=0): its messages, sent as each
+    # model is filled, would wait for the queue before the bind does.
+    env = {"NOTIFY_SOCKET": listener.path, "FDSTORE": "0"}
     d = start_daemon(cpu_config, env=env)
     try:
         deadline = time.monotonic() + 20

@@ -60,10 +60,11 @@ def test_restart_restores_without_reading_the_checkpoint(work: Path, ckpt: Path,
             (filled,) = conn.status().models
         assert filled.origin == "filled"
         first_fill_seconds = filled.fill_seconds
-        # Segments first, the record last, every name saying model and part.
+        # The record first (a store cut short leaves it to say so), then
+        # the segments, every name saying model and part.
         names = first.notify.stored_names()
-        assert names == [fd_name("default", f"seg{i}") for i in range(segments)] + [
-            fd_name("default", "manifest")
+        assert names == [fd_name("default", "manifest")] + [
+            fd_name("default", f"seg{i}") for i in range(segments)
         ]
         _kill(first, sig)
         second = _up(cfg, store_from=first)

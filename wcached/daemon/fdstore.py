@@ -1,15 +1,21 @@
 """Filled segments kept in systemd's file descriptor store across restarts.
 
-Once a model is filled, every segment fd goes to the store (``FDSTORE=1``)
-under a name that says which model and segment it is, then a sealed memfd
-holding a :class:`StoredModel` record (the manifest, the model's config, the
-checkpoint files' stat stamps). The record goes last, so a daemon killed while
-storing leaves segments without a record, which the next start drops. With
-``FileDescriptorStorePreserve=restart`` systemd keeps the store across a
-crash, ``systemctl restart`` and a package upgrade, and hands it back as
-``LISTEN_FDS``/``LISTEN_FDNAMES``; the next start serves what still matches
-without reading a checkpoint byte. The memory lives as long as any fd does,
-so the store, not the daemon process, is what keeps it.
+As soon as a model is filled, a sealed memfd holding a :class:`StoredModel`
+record (the manifest, the model's parsed table, the checkpoint files' stat
+stamps) goes to the store (``FDSTORE=1``), then every segment fd, each under
+a name that says which model and part it is. The record goes first: a store
+that systemd cuts short (``FileDescriptorStoreMax=``) or a daemon killed while
+storing leaves a record whose segments are incomplete, which the next start
+names and refills. With ``FileDescriptorStorePreserve=yes`` systemd keeps the
+store through crashes, restarts, upgrades, failed starts and stops, and hands
+it back as ``LISTEN_FDS``/``LISTEN_FDNAMES``; ``systemctl clean --what=fdstore``
+frees it. The memory lives as long as any fd does, so the store, not the
+daemon process, is what keeps it.
+
+The store has a budget: systemd takes at most ``FileDescriptorStoreMax=`` fds
+(told to the service as ``$FDSTORE``) and refuses the rest with a line in its
+own log only. :class:`FdStore` counts what its models hold and stores none of
+a model that would not fit, saying why (:class:`NotKept`).
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from urllib.parse import quote, unquote
 
 import msgspec
 
-from wcached.daemon.systemd import Notifier
+from wcached.daemon.systemd import Notifier, fdstore_limit
 from wcached.memory.host import REQUIRED_SEALS
 from wcached.protocol.messages import Manifest
 from wcached.protocol.wire import close_fds
@@ -148,6 +154,11 @@ class StoredEntry:
     segment_fds: dict[int, int] = field(default_factory=dict)
     names: list[str] = field(default_factory=list)
 
+    def close_record(self) -> None:
+        if self.record_fd is not None:
+            os.close(self.record_fd)
+            self.record_fd = None
+
     def close(self) -> None:
         fds = list(self.segment_fds.values())
         if self.record_fd is not None:
@@ -179,35 +190,96 @@ def group_by_model(fds: dict[str, int]) -> tuple[dict[str, StoredEntry], list[st
     return entries, unknown
 
 
-class FdStore:
-    """The daemon's side of the store: add a model, remove names."""
+# The unit's FileDescriptorStoreMax=: the budget where systemd does not say
+# ($FDSTORE is set by systemd 254 and later).
+UNIT_FDSTORE_MAX = 4096
 
-    def __init__(self, notifier: Notifier):
+
+class NotKept(Exception):
+    """A model was not (wholly) stored; the message says why and what fixes it."""
+
+
+def fds_needed(segments: int) -> int:
+    """Store entries one model takes: its segments and its record."""
+    return segments + 1
+
+
+class FdStore:
+    """The daemon's side of the store: what each model holds there, within
+    the budget systemd allows."""
+
+    def __init__(self, notifier: Notifier, limit: int | None = None):
         self.notifier = notifier
+        told = fdstore_limit()
+        self.limit = limit if limit is not None else told if told is not None else UNIT_FDSTORE_MAX
+        self.limit_source = "$FDSTORE" if limit is None and told is not None else "FileDescriptorStoreMax="
+        self._held: dict[str, list[str]] = {}  # model -> its names in the store
 
     @property
     def enabled(self) -> bool:
-        return self.notifier.enabled
+        return self.notifier.enabled and self.limit > 0
 
-    def store(self, record: StoredModel, segment_fds: list[int]) -> bool:
-        """Segments first, the record last; False if systemd took not all of it."""
+    @property
+    def used(self) -> int:
+        return sum(len(names) for names in self._held.values())
+
+    def holds(self, model: str) -> bool:
+        return model in self._held
+
+    def adopt(self, model: str, names: list[str]) -> None:
+        """Entries found in the store at start and left there."""
+        self._held[model] = list(names)
+
+    def store(self, record: StoredModel, segment_fds: list[int]) -> None:
+        """The record, then the segments; :class:`NotKept` if the budget has
+        no room (nothing is sent) or a send failed (what was sent is removed)."""
         model = record.manifest.model
-        for i, fd in enumerate(segment_fds):
-            if not self.notifier.notify(
-                "FDSTORE=1", f"FDNAME={fd_name(model, f'seg{i}')}", fds=[fd], wait=True
-            ):
-                return False
+        if self.holds(model):
+            self.remove_model(model)
+        need = fds_needed(len(segment_fds))
+        free = self.limit - self.used
+        if need > free:
+            raise NotKept(
+                f"it needs {need} fds in systemd's fd store ({len(segment_fds)} segments and a record), "
+                f"and {free} of the {self.limit} the unit allows ({self.limit_source}) are free; "
+                f"{_budget_fix(record.manifest.total_bytes, free)}"
+            )
+        names = [fd_name(model, MANIFEST_PART)] + [fd_name(model, f"seg{i}") for i in range(len(segment_fds))]
         rfd = write_record(record)
         try:
-            return self.notifier.notify(
-                "FDSTORE=1", f"FDNAME={fd_name(model, MANIFEST_PART)}", fds=[rfd], wait=True
-            )
+            sent: list[str] = []
+            for name, fd in zip(names, [rfd, *segment_fds], strict=True):
+                if not self.notifier.notify("FDSTORE=1", f"FDNAME={name}", fds=[fd], wait=True):
+                    self._send_removals(sent)
+                    raise NotKept(f"systemd's notify socket did not take {name} (see the lines above)")
+                sent.append(name)
         finally:
             os.close(rfd)
+        self._held[model] = names
+
+    def remove_model(self, model: str) -> None:
+        """Everything ``model`` holds in the store leaves it (once
+        systemd closes its copies, the memory is freed)."""
+        self._send_removals(self._held.pop(model, []))
 
     def remove(self, names: list[str]) -> None:
+        """Entries of no configured model (unknown names, leftovers)."""
+        self._send_removals(names)
+
+    def _send_removals(self, names: list[str]) -> None:
         for name in names:
             self.notifier.notify("FDSTOREREMOVE=1", f"FDNAME={name}", wait=True)
 
-    def remove_model(self, model: str, segments: int) -> None:
-        self.remove([fd_name(model, MANIFEST_PART)] + [fd_name(model, f"seg{i}") for i in range(segments)])
+
+def _budget_fix(total_bytes: int, free: int) -> str:
+    """The two fixes, with a segment_size that would fit."""
+    room = max(free - 1, 1)
+    per_segment = -(-total_bytes // room)
+    size = 1 << 20
+    while size < per_segment:
+        size <<= 1
+    human = f"{size >> 30}GiB" if size >= 1 << 30 else f"{size >> 20}MiB"
+    return (
+        f'fix: segment_size = "{human}" or larger for this model, or a drop-in with a larger '
+        f"FileDescriptorStoreMax= (systemctl edit wcached@<instance>)"
+    )

@@ -52,8 +52,11 @@ def fill_models(
     device: Device,
     on_tick: Callable[[str, int, int], None],
     should_stop: Callable[[], bool],
-) -> dict[str, HeldModel]:
-    """Spawn the worker, hand it the job, and hold the fds it sends back.
+    on_filled: Callable[[HeldModel], None],
+) -> None:
+    """Spawn the worker, hand it the job, and hand each model it fills to
+    ``on_filled`` as soon as its fds arrive (from then on the callee owns
+    them), before the next model is filled.
 
     ``on_tick(model, done_bytes, total_bytes)`` is called on progress and at
     least every :data:`POLL_S` seconds while the worker works.
@@ -87,7 +90,6 @@ def fill_models(
         raise FillError(f"cannot start the loader worker with {python}: {e}") from None
     child.close()
     log.info("loader worker pid %d started (%s)", proc.pid, python)
-    held: dict[str, HeldModel] = {}
     chan = Channel(parent, WorkerMessage)
     totals = {m.name: 0 for m in settings.models}  # from the worker's first report
     try:
@@ -124,7 +126,6 @@ def fill_models(
             elif isinstance(msg, ModelFilled):
                 fds = chan.recv_fds(msg.fd_count, timeout=60.0)
                 m = msg.manifest
-                held[m.model] = HeldModel(m, fds, msg.fill_seconds)
                 log.info(
                     "filled %s: %d tensors, %.2f GB in %d segment(s) in %.2f s (%.2f GB/s)",
                     m.model,
@@ -135,6 +136,7 @@ def fill_models(
                     m.total_bytes / 1e9 / max(msg.fill_seconds, 1e-9),
                     extra={"model": m.model},
                 )
+                on_filled(HeldModel(m, fds, msg.fill_seconds))
             elif isinstance(msg, FillFailed):
                 # Keep the worker's class: its exit status tells systemd what to do.
                 raise error_for_code(msg.code, msg.message) from None
@@ -143,10 +145,7 @@ def fill_models(
         rc = proc.wait(timeout=60)
         if rc != 0:
             raise FillError(f"loader worker exited with status {rc} after filling")
-        return held
     except BaseException:
-        for h in held.values():
-            h.release()
         if proc.poll() is None:
             proc.kill()
         proc.wait()

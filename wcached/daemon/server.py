@@ -16,14 +16,13 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from wcached import __version__
 from wcached.config import InstanceSettings
+from wcached.daemon.holdings import Holdings
 from wcached.daemon.metrics import NoMetrics
 from wcached.daemon.peers import AccessPolicy, PeerCredentials
-from wcached.daemon.state import HeldModel
 from wcached.device import Device
 from wcached.errors import (
     BadRequest,
@@ -32,7 +31,6 @@ from wcached.errors import (
     PermissionRefused,
     ProtocolError,
     TimeoutExpired,
-    UnknownModel,
     VersionMismatch,
     WcacheError,
 )
@@ -93,13 +91,13 @@ class Server:
         self,
         settings: InstanceSettings,
         device: Device,
-        models: dict[str, HeldModel],
+        holdings: Holdings,
         policy: AccessPolicy,
         metrics: NoMetrics | None = None,
     ):
         self.settings = settings
         self.device = device
-        self.models = models
+        self.holdings = holdings
         self.policy = policy
         # Counters incremented here (nothing is, with metrics off); the
         # gauges read status() when scraped.
@@ -117,8 +115,7 @@ class Server:
         self._starved = False  # accept() ran out of fds
         self._busy_refused = 0
         self._busy_logged_at = 0.0
-        # Called after a client released a model (the service drops it from the fd store).
-        self.on_released: Callable[[HeldModel], None] | None = None
+        self._own_probe = False  # the daemon's own liveness probe is being served
 
     # -- listening --------------------------------------------------------
 
@@ -176,11 +173,36 @@ class Server:
                 full = self._threads >= self.settings.max_clients
                 if not full:
                     self._threads += 1
+            if full and self._is_own_probe(conn):
+                # Leases hold their threads for good: the watchdog's probe
+                # must not be refused because every client slot is a lease.
+                conn.setblocking(True)
+                threading.Thread(target=self._serve_probe, args=(conn,), daemon=True).start()
+                continue
             if full:
                 self._refuse_busy(conn)
                 continue
             conn.setblocking(True)
             threading.Thread(target=self._serve_counted, args=(conn,), daemon=True).start()
+
+    def _is_own_probe(self, conn: socket.socket) -> bool:
+        """This process connecting to itself, and no other such connection served now."""
+        try:
+            pid = PeerCredentials.of(conn).pid
+        except OSError:
+            return False
+        with self._lock:
+            if pid != os.getpid() or self._own_probe:
+                return False
+            self._own_probe = True
+            return True
+
+    def _serve_probe(self, conn: socket.socket) -> None:
+        try:
+            self._serve_connection(conn)
+        finally:
+            with self._lock:
+                self._own_probe = False
 
     def _refuse_busy(self, conn: socket.socket) -> None:
         with conn:
@@ -319,18 +341,11 @@ class Server:
         else:
             raise BadRequest(f"unexpected request {type(request).__name__}")
 
-    def _model(self, name: str) -> HeldModel:
-        held = self.models.get(name)
-        if held is None:
-            served = ", ".join(sorted(self.models)) or "none"
-            raise UnknownModel(f"no model {name!r} on {self.device.instance_id} (serving: {served})")
-        return held
-
     def _attach(self, chan: Channel, session: Session, req: Attach, timeout: float) -> None:
         # An OSError (the peer gone mid-send, out of fds) leaves "error".
         result = "error"
         try:
-            held = self._model(req.model)
+            held = self.holdings.get(req.model)
             held.check_served()
             fields = mismatched_fields(held.manifest.key, req.expect)
             if fields:
@@ -372,11 +387,8 @@ class Server:
     def _release(self, chan: Channel, session: Session, req: Release, timeout: float) -> None:
         if not self.policy.may_administer(session.peer):
             raise PermissionRefused("release is reserved to root and the daemon's own user")
-        held = self._model(req.model)
-        held.release()
+        self.holdings.release(req.model)
         self.changed.set()
-        if self.on_released is not None:
-            self.on_released(held)
         with self._lock:
             attached = sum(1 for s in self._sessions.values() if req.model in s.models)
         log.warning(
@@ -411,7 +423,7 @@ class Server:
             pid=os.getpid(),
             daemon_version=__version__,
             uptime_s=round(now - self.started, 3),
-            models=[m.status() for m in self.models.values()],
+            models=self.holdings.statuses(),
             clients=clients,
             device_memory_bytes=self.device.memory_bytes,
             device_index=self.device.index,

@@ -1,9 +1,15 @@
-"""``wcached serve``: startup -> fill -> bind -> READY -> serve -> drain.
+"""``wcached serve``: the lifecycle only.
+
+startup (socket directory, lock, metrics) -> provision (the holdings restore
+what the fd store kept, then fill the rest) -> bind -> READY -> serve ->
+drain. What happens to each model is the holdings' business
+(:mod:`wcached.daemon.holdings`); this module only says when.
 
 Signal handlers only record what arrived; the main loop acts on it (so no
 handler ever runs inside the server's locks), wakes on the listening socket,
 the signal pipe and a short timer, and is the only place that pings systemd's
-watchdog, so a wedged main loop is noticed.
+watchdog, and only while the daemon's own socket answers
+(:mod:`wcached.daemon.liveness`).
 """
 
 from __future__ import annotations
@@ -20,15 +26,15 @@ import msgspec
 
 from wcached import __version__
 from wcached.config import ConfigError, InstanceSettings, ModelConfig, instance_settings, load_config
-from wcached.daemon.fdstore import FdStore, group_by_model, listen_fds
+from wcached.daemon.fdstore import FdStore, listen_fds
 from wcached.daemon.filler import FillAborted, fill_models
+from wcached.daemon.holdings import Holdings
+from wcached.daemon.liveness import ServingProbe
 from wcached.daemon.lock import InstanceLock
 from wcached.daemon.metrics import Metrics, MetricsEndpoint, check_metrics_dir, metrics_for, remove_textfile
 from wcached.daemon.peers import AccessPolicy
 from wcached.daemon.progress import FillMeter
-from wcached.daemon.restore import NotRestorable, checkpoint_stamps, loader_environment, make_record, restore
 from wcached.daemon.server import Server
-from wcached.daemon.state import HeldModel
 from wcached.daemon.systemd import Notifier
 from wcached.device import Device, resolve_instance
 from wcached.errors import EX_SOFTWARE, WcacheError
@@ -57,6 +63,9 @@ class Service:
         self.policy = policy
         self.notifier = Notifier()
         self.store = FdStore(self.notifier)
+        self.holdings = Holdings(
+            settings.models, device, self.store, settings.worker_python or sys.executable
+        )
         self.stop_signal: int | None = None
         self.server: Server | None = None
         self.metrics = metrics_for(settings, device)
@@ -96,22 +105,19 @@ class Service:
             if os.path.lexists(s.socket_path):
                 log.info("removing stale socket %s", s.socket_path)
                 os.unlink(s.socket_path)
-            restored = self._restore(stored)
-            filled = self._fill([m for m in s.models if m.name not in restored])
-            if filled is None:
+            self.holdings.restore(stored)
+            if not self._fill(self.holdings.to_fill()):
                 return 0
-            by_name = {**restored, **filled}
-            models = {m.name: by_name[m.name] for m in s.models}
-            self.server = Server(s, self.device, models, self.policy, self.metrics)
-            self.server.on_released = self._forget
+            self.server = Server(s, self.device, self.holdings, self.policy, self.metrics)
             self.server.bind()
             self._write_textfile()
-            total = sum(m.manifest.total_bytes for m in models.values())
+            served = self.holdings.served
+            total = sum(m.manifest.total_bytes for m in served.values())
             log.info(
                 "serving %s on %s: %s (%.1f MiB)",
                 s.instance_id,
                 s.socket_path,
-                ", ".join(models),
+                ", ".join(served),
                 total / 2**20,
             )
             self.notifier.ready(self._status_line())
@@ -121,8 +127,7 @@ class Service:
             if self.server is not None:
                 self.notifier.stopping()
                 self.server.close()
-                for m in self.server.models.values():
-                    m.release()
+            self.holdings.close()
             self._close_metrics()
             lock.release()
             log.info("stopped")
@@ -176,98 +181,13 @@ class Service:
             except OSError as e:
                 log.warning("cannot remove %s: %s", self._textfile, e)
 
-    # -- the fd store -----------------------------------------------------
-
-    def _restore(self, stored: dict[str, int]) -> dict[str, HeldModel]:
-        """The configured models the store kept and that still match; stale
-        and unknown entries leave the store."""
-        entries, unknown = group_by_model(stored)
-        if unknown:
-            log.warning(
-                "dropping %d fd(s) of unknown names from the store: %s", len(unknown), ", ".join(unknown)
-            )
-            self.store.remove(unknown)
-        restored: dict[str, HeldModel] = {}
-        python = self.settings.worker_python or sys.executable
-        for model in self.settings.models:
-            entry = entries.pop(model.name, None)
-            if entry is None:
-                continue
-            started = time.monotonic()
-            try:
-                held = restore(entry, model.for_device(self.device), self.device.instance_id, python)
-            except NotRestorable as e:
-                log.warning("refilling %s, because %s", model.name, e, extra={"model": model.name})
-                entry.close()
-                self.store.remove(entry.names)
-                continue
-            restored[model.name] = held
-            m = held.manifest
-            log.info(
-                "restored %s from the fd store: %d tensors, %.1f MiB in %d segment(s) in %.0f ms, "
-                "no checkpoint read",
-                model.name,
-                len(m.tensors),
-                m.total_bytes / 2**20,
-                len(m.segments),
-                (time.monotonic() - started) * 1000,
-                extra={"model": model.name},
-            )
-        for entry in entries.values():
-            log.info(
-                "dropping %s from the fd store: no longer configured for this instance",
-                entry.model,
-                extra={"model": entry.model},
-            )
-            entry.close()
-            self.store.remove(entry.names)
-        return restored
-
-    def _keep(self, filled: dict[str, HeldModel], stamps: dict[str, tuple]) -> None:
-        """Hand each new fill to the store, so that a restart serves it again."""
-        if not self.store.enabled:
-            return
-        for name, held in filled.items():
-            if name not in stamps:
-                continue
-            model, environment, files = stamps[name]
-            record = make_record(
-                model, self.device.instance_id, environment, files, held.manifest, held.fill_seconds
-            )
-            if self.store.store(record, held.fds):
-                log.info(
-                    "%s kept in the fd store (%d segment fds)", name, len(held.fds), extra={"model": name}
-                )
-            else:
-                log.warning(
-                    "%s not kept in the fd store: a restart will refill it", name, extra={"model": name}
-                )
-
-    def _stamp(self, models: list[ModelConfig]) -> dict[str, tuple]:
-        """Before filling: what the fill is made from, so that a checkpoint
-        rewritten while it is read is not stamped as what was read."""
-        if not self.store.enabled:
-            return {}
-        python = self.settings.worker_python or sys.executable
-        stamps = {}
-        for m in models:
-            canonical = m.for_device(self.device)
-            try:
-                stamps[m.name] = (canonical, loader_environment(m, python), checkpoint_stamps(m.path))
-            except NotRestorable as e:
-                log.warning("%s will not be kept in the fd store: %s", m.name, e, extra={"model": m.name})
-        return stamps
-
-    def _forget(self, held: HeldModel) -> None:
-        """A released model leaves the store too: its memory is freed once the
-        last attached client lets go, restarts included."""
-        self.store.remove_model(held.name, len(held.manifest.segments))
-
     # -- filling ----------------------------------------------------------
 
-    def _fill(self, todo: list[ModelConfig]) -> dict[str, HeldModel] | None:
+    def _fill(self, todo: list[ModelConfig]) -> bool:
+        """Fill what the store did not give back; False if stopped by a
+        signal meanwhile. Each model is kept in the store as it completes."""
         if not todo:
-            return {}
+            return True
         # A bar only where someone watches: a terminal, never the journal.
         meter = FillMeter([m.name for m in todo], bar_stream=sys.stderr if sys.stderr.isatty() else None)
         self.notifier.status(meter.status_line())
@@ -281,19 +201,24 @@ class Service:
             if self.notifier.watchdog_due():
                 self.notifier.ping_watchdog()
 
-        stamps = self._stamp(todo)
+        self.holdings.begin_fill(todo)
         settings = msgspec.structs.replace(self.settings, models=tuple(todo))
         try:
-            models = fill_models(settings, self.device, tick, lambda: self.stop_signal is not None)
+            fill_models(
+                settings, self.device, tick, lambda: self.stop_signal is not None, self.holdings.filled
+            )
         except FillAborted:
+            self.holdings.fill_failed("stopped by a signal")
             log.info("stopped by signal %d while filling", self.stop_signal)
             self.notifier.stopping()
-            return None
+            return False
+        except BaseException as e:
+            self.holdings.fill_failed(str(e))
+            raise
         finally:
             meter.close()
-        log.info("filled %d model(s) in %.2f s", len(models), time.monotonic() - started)
-        self._keep(models, stamps)
-        return models
+        log.info("filled %d model(s) in %.2f s", len(todo), time.monotonic() - started)
+        return True
 
     def _loop(self, wakeup: int) -> None:
         assert self.server is not None and self.server.listener is not None
@@ -301,8 +226,10 @@ class Service:
         sel.register(self.server.listener, selectors.EVENT_READ, "accept")
         sel.register(wakeup, selectors.EVENT_READ, "signal")
         interval = 1.0
+        probe: ServingProbe | None = None
         if self.notifier.watchdog_interval is not None:
-            interval = min(interval, self.notifier.watchdog_interval)
+            probe = ServingProbe(self.settings.socket_path, self.notifier.watchdog_interval)
+            interval = min(interval, probe.every_s)
             self.notifier.ping_watchdog()
         resume_at: float | None = None  # accepts paused (out of fds) until then
         written_at = time.monotonic()  # the textfile, by run() just before
@@ -322,8 +249,9 @@ class Service:
             if resume_at is not None and time.monotonic() >= resume_at:
                 resume_at = None
                 sel.register(self.server.listener, selectors.EVENT_READ, "accept")
-            if self.notifier.watchdog_due():
+            if probe is not None and probe.healthy() and self.notifier.watchdog_due():
                 self.notifier.ping_watchdog()
+            self.notifier.flush()
             if self.server.changed.is_set():
                 self.server.changed.clear()
                 # Only a new line: error replies and attaches change the
@@ -347,7 +275,7 @@ class Service:
 
     def _status_line(self) -> str:
         assert self.server is not None
-        models = self.server.models
+        models = self.holdings.served
         total = sum(m.manifest.total_bytes for m in models.values())
         return (
             f"serving {len(models)} model(s), {total / 2**30:.2f} GiB, {self.server.client_count} client(s)"

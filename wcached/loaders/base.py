@@ -109,7 +109,10 @@ class ModelConfig(
     # Every tensor starts at a multiple of this many bytes (a power of two).
     alignment: int = 256
     # Device memory is allocated in segments of this size ("4GiB", "512MiB");
-    # a tensor larger than it gets a segment of its own.
+    # a tensor larger than it gets a segment of its own. Each segment is one
+    # fd in systemd's fd store (FileDescriptorStoreMax=, 4096 in the unit),
+    # so a model needs size / segment_size + 1 of them to survive a restart.
+    # (Parsed to bytes when the config is read: see parsed().)
     segment_size: int | str = "4GiB"
     # How the cache key identifies the checkpoint: "header" hashes file
     # names, sizes and headers; "content" hashes every byte.
@@ -132,6 +135,13 @@ class ModelConfig(
     @property
     def segment_bytes(self) -> int:
         return parse_size(self.segment_size, "segment_size")
+
+    def parsed(self) -> ModelConfig:
+        """This table with its sizes as integers: the one form that is
+        validated, sent to the worker, stored and compared, so that "4GiB"
+        and "4096MiB" are the same setting. Raises ConfigError (key only)."""
+        size = parse_size(self.segment_size, "segment_size")
+        return self if size == self.segment_size else msgspec.structs.replace(self, segment_size=size)
 
     @property
     def reader_count(self) -> int:
@@ -212,6 +222,6 @@ def options_for(name: str) -> type[ModelConfig]:
 
 
 def model_from_builtins(raw: dict[str, Any]) -> ModelConfig:
-    """A ``[[model]]`` table sent as builtins (``loader`` tag included) back
-    as its loader's options struct."""
-    return msgspec.convert(raw, options_for(raw.get("loader", DEFAULT_LOADER)))
+    """A ``[[model]]`` table sent or stored as builtins (``loader`` tag
+    included) back as its loader's options struct, sizes parsed."""
+    return msgspec.convert(raw, options_for(raw.get("loader", DEFAULT_LOADER))).parsed()
