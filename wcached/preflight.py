@@ -14,7 +14,8 @@ import os
 import pwd
 import stat
 
-from wcached.config import Config, check_socket_path, instance_settings
+from wcached.config import Config, ModelConfig, check_socket_path, instance_settings
+from wcached.daemon.fdstore import UNIT_FDSTORE_MAX, fds_needed
 from wcached.daemon.lock import left_by_another_user, user_name
 from wcached.errors import ConfigError, WcacheError
 
@@ -48,12 +49,60 @@ def problems(cfg: Config) -> list[str]:
         found.append(f"daemon.socket_dir {d.socket_dir} exists and is not a directory")
     for i, m in enumerate(cfg.model):
         found += _unreadable(m.path, f"model[{i}] ({m.name})", m.accepts_remote_path)
+    found += _store_budget(cfg)
     if d.metrics_dir:
         # (Ports are not tried: the instances running now hold their own.)
         from wcached.daemon.metrics import check_metrics_dir
 
         check(check_metrics_dir, d.metrics_dir, cfg.source)
     return found
+
+
+def _store_budget(cfg: Config, limit: int = UNIT_FDSTORE_MAX) -> list[str]:
+    """Models whose segments could not all be kept in the unit's fd store
+    (a restart would refill them): each model alone, and each instance
+    table's models together. Judged from a lower bound of what a fill holds,
+    so that nothing that fits is refused."""
+    least = {m.name: _least_fds(m) for m in cfg.model}
+    out = []
+    for i, m in enumerate(cfg.model):
+        need = least[m.name]
+        if need > limit:
+            out.append(
+                f"{cfg.source}: key 'model[{i}].segment_size': {m.name!r} needs at least {need} fds in "
+                f"systemd's fd store with segment_size = {m.segment_bytes} bytes, and the unit keeps "
+                f"{limit} (FileDescriptorStoreMax=): a restart would refill it; raise segment_size"
+            )
+    for name, table in cfg.instance.items():
+        if table.models is None:
+            continue
+        need = sum(least.get(n, 0) for n in table.models)
+        if need > limit and not any(least.get(n, 0) > limit for n in table.models):
+            out.append(
+                f"{cfg.source}: key 'instance.{name}.models': together they need at least {need} fds in "
+                f"systemd's fd store, and the unit keeps {limit} (FileDescriptorStoreMax=): "
+                "raise their segment_size"
+            )
+    return out
+
+
+def _least_fds(model: ModelConfig) -> int:
+    """The fewest store entries a fill of ``model`` can take; 0 if unknown."""
+    if model.accepts_remote_path and not os.path.isabs(model.path):
+        return 0
+    try:
+        if os.path.isdir(model.path):
+            total = sum(
+                os.path.getsize(os.path.join(model.path, n))
+                for n in os.listdir(model.path)
+                if n.endswith(".safetensors")
+            )
+        else:
+            total = os.path.getsize(model.path)
+    except OSError:
+        return 0  # reported by the readability checks
+    held = model.least_resident_bytes(total)
+    return fds_needed(-(-held // model.segment_bytes)) if held else 0
 
 
 def _foreign_files(socket_dir: str) -> list[str]:

@@ -147,7 +147,7 @@ def test_client_of_a_refilled_model_keeps_its_weights_without_a_lease(work: Path
     second = _up(cfg, store_from=first)
     try:
         deadline = time.monotonic() + 20
-        while old.watch._thread.is_alive():
+        while old.watch.watching:
             assert time.monotonic() < deadline
             time.sleep(0.1)
         assert old.watch.reattached == 0

@@ -1,4 +1,4 @@
-"""Keeping an attachment's lease across daemon restarts.
+"""Keeping attachments' leases across daemon restarts: one watcher a process.
 
 The daemon never writes to an attached connection, so the connection becoming
 readable means it ended: the daemon stopped, crashed or restarted. The memory
@@ -8,17 +8,36 @@ daemon answers. If the new daemon holds the very same fill (restored from the
 store: same manifest), the new connection becomes the lease and the tensors
 stay as they are; if it holds another fill, this process keeps its weights
 without a lease and says so once.
+
+One thread watches every attachment of the process (an engine holds a target
+and a draft, on several instances), blocked in ``select`` on their sockets and
+a wake pipe, never polling. A daemon that goes away is logged at info (a
+restart is routine); a warning comes only if it is not back within
+:data:`WARN_AFTER_S`. Until it is back, anything that says "not now" (no
+socket, refused, busy, a timeout, a connection cut mid-greeting) is retried
+with a growing delay; only an answer that can never change by waiting (another
+fill, an unknown or released model, no permission, an incompatible protocol)
+ends the watch.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import select
 import socket
 import threading
+import time
 from typing import TYPE_CHECKING
 
-from wcached.errors import WcacheError
+from wcached.errors import (
+    Busy,
+    DaemonUnavailable,
+    ProtocolError,
+    TimeoutExpired,
+    VersionMismatch,
+    WcacheError,
+)
 from wcached.protocol.messages import Attach, Attached
 from wcached.protocol.wire import close_fds
 
@@ -28,86 +47,97 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("wcached.client")
 
-POLL_S = 0.5
-RETRY_MAX_S = 5.0
+FIRST_RETRY_S = 0.05
+RETRY_MAX_S = 2.0
+# A daemon away this long is no routine restart any more: warn (once).
+WARN_AFTER_S = 30.0
+
+
+def _transient(e: BaseException) -> bool:
+    """A failure that a daemon coming back makes go away."""
+    if isinstance(e, VersionMismatch):
+        return False
+    return isinstance(e, (OSError, DaemonUnavailable, TimeoutExpired, ProtocolError, Busy))
 
 
 class LeaseWatch:
+    """One attachment's lease, as the process-wide watcher follows it."""
+
     def __init__(self, attachment: Attachment, expect: dict[str, str | int], client: str | None):
         self.attachment = attachment
         self.expect = dict(expect)
         self.client = client
         self.reattached = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="wcached-lease", daemon=True)
-        self._thread.start()
+        self.lost_at: float | None = None  # when the daemon ended the lease
+        self.retry_at = 0.0
+        self.delay = FIRST_RETRY_S
+        self.warned = False
+        self.stopped = False
+        # Followed by the watcher: False once stopped or given up.
+        self.watching = True
+        _Watcher.get().add(self)
 
     def stop(self) -> None:
-        self._stop.set()
+        self.stopped = True
+        _Watcher.get().remove(self)
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            if not self._wait_for_end(self.attachment.connection.sock) or self._stop.is_set():
-                return  # stopped: the attachment was closed, not the daemon
-            name = self.attachment.manifest.model
-            path = self.attachment.connection.path
-            log.warning("wcached: the daemon at %s ended the lease on %s; attaching again", path, name)
-            conn = self._attach_again(path, name)
-            if conn is None:
-                return
-            if not self.attachment.replace_connection(conn):
-                conn.close()
-                return
-            self.reattached += 1
-            log.warning("wcached: attached again to %s at %s: the same memory, tensors unchanged", name, path)
+    # -- called by the watcher thread -------------------------------------------
 
-    def _wait_for_end(self, sock: socket.socket) -> bool:
-        """True once the connection ended; False if stopped first."""
-        while not self._stop.is_set():
-            try:
-                ready, _, _ = select.select([sock], [], [], POLL_S)
-            except (OSError, ValueError):
-                return not self._stop.is_set()  # closed under us
-            if not ready:
-                continue
-            try:
-                data = sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-            except BlockingIOError:
-                continue
-            except OSError:
-                return not self._stop.is_set()
-            if not data:
-                return not self._stop.is_set()
-            # The daemon never speaks first; whatever this is, it is not ours to read.
-            self._stop.wait(POLL_S)
-        return False
+    def ended(self) -> bool | None:
+        """Whether the daemon ended the connection; None if it wrote to it
+        (which it never does: the watch ends, the connection stays the lease)."""
+        sock = self.attachment.connection.sock
+        try:
+            data = sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True
+        if data:
+            log.warning(
+                "wcached: the daemon at %s wrote to an attached connection; no longer watching the lease",
+                self.attachment.connection.path,
+            )
+            return None
+        return True
 
-    def _attach_again(self, path: str, name: str) -> DaemonConnection | None:
+    def lost(self, now: float) -> None:
+        self.lost_at = now
+        self.retry_at = now + FIRST_RETRY_S
+        self.delay = FIRST_RETRY_S
+        self.warned = False
+        log.info(
+            "wcached: the daemon at %s ended the lease on %s (stopped or restarting); attaching again",
+            self.attachment.connection.path,
+            self.attachment.manifest.model,
+        )
+
+    def try_again(self, now: float) -> bool:
+        """One attempt to attach again; True when the watch is over for this
+        round (attached again, or given up), False to retry at ``retry_at``."""
         from wcached.client.connection import DaemonConnection
 
-        delay = POLL_S
-        while not self._stop.wait(delay):
-            delay = min(RETRY_MAX_S, delay * 2)
-            try:
-                conn = DaemonConnection(path, timeout=self.attachment.connection.timeout, client=self.client)
-            except (OSError, WcacheError):
-                continue  # not back yet
-            try:
-                reply = conn.request(Attach(model=name, expect=self.expect))
-                same = False
-                if isinstance(reply, Attached):
-                    close_fds(conn.chan.recv_fds(reply.fd_count, timeout=conn.timeout))
-                    same = reply.manifest == self.attachment.manifest
-            except (OSError, WcacheError) as e:
+        name = self.attachment.manifest.model
+        path = self.attachment.connection.path
+        conn: DaemonConnection | None = None
+        try:
+            conn = DaemonConnection(path, timeout=self.attachment.connection.timeout, client=self.client)
+            reply = conn.request(Attach(model=name, expect=self.expect))
+            same = False
+            if isinstance(reply, Attached):
+                close_fds(conn.chan.recv_fds(reply.fd_count, timeout=conn.timeout))
+                same = reply.manifest == self.attachment.manifest
+        except (OSError, WcacheError) as e:
+            if conn is not None:
                 conn.close()
-                if isinstance(e, (ConnectionError, TimeoutError)):
-                    continue
-                log.warning(
-                    "wcached: cannot attach to %s again (%s); keeping the weights without a lease", name, e
-                )
-                return None
-            if same:
-                return conn
+            if _transient(e):
+                self._not_back_yet(now, path, name, e)
+                return False
+            log.warning(
+                "wcached: cannot attach to %s again (%s); keeping the weights without a lease", name, e
+            )
+            return True
+        if not same:
             conn.close()
             log.warning(
                 "wcached: the daemon at %s now holds another fill of %s; this process keeps its "
@@ -115,5 +145,118 @@ class LeaseWatch:
                 path,
                 name,
             )
-            return None
-        return None
+            return True
+        if not self.attachment.replace_connection(conn):
+            conn.close()
+            return True
+        self.reattached += 1
+        away = now - (self.lost_at or now)
+        self.lost_at = None
+        log.log(
+            logging.WARNING if self.warned else logging.INFO,
+            "wcached: attached again to %s at %s after %.1f s: the same memory, tensors unchanged",
+            name,
+            path,
+            away,
+        )
+        return True
+
+    def _not_back_yet(self, now: float, path: str, name: str, e: BaseException) -> None:
+        self.retry_at = time.monotonic() + self.delay
+        self.delay = min(RETRY_MAX_S, self.delay * 2)
+        if not self.warned and self.lost_at is not None and now - self.lost_at >= WARN_AFTER_S:
+            self.warned = True
+            log.warning(
+                "wcached: the daemon at %s is not back after %.0f s (%s); this process keeps its "
+                "weights of %s and attaches again when it is",
+                path,
+                now - self.lost_at,
+                e,
+                name,
+            )
+
+
+class _Watcher:
+    """The process's one watcher thread, started with its first lease."""
+
+    _instance: _Watcher | None = None
+    _instance_lock = threading.Lock()
+
+    @classmethod
+    def get(cls) -> _Watcher:
+        with cls._instance_lock:
+            if cls._instance is None or cls._instance._pid != os.getpid():
+                # (A forked child gets a watcher of its own.)
+                cls._instance = cls()
+            return cls._instance
+
+    def __init__(self) -> None:
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        self._leases: list[LeaseWatch] = []
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._thread = threading.Thread(target=self._run, name="wcached-leases", daemon=True)
+        self._thread.start()
+
+    def add(self, lease: LeaseWatch) -> None:
+        with self._lock:
+            self._leases.append(lease)
+        self._wake()
+
+    def remove(self, lease: LeaseWatch) -> None:
+        with self._lock:
+            if lease in self._leases:
+                self._leases.remove(lease)
+            lease.watching = False
+        self._wake()
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"x")
+        except BlockingIOError:
+            pass  # a wake-up is pending already
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                leases = list(self._leases)
+            now = time.monotonic()
+            watching: dict[int, LeaseWatch] = {}
+            timeout: float | None = None
+            for lease in leases:
+                if lease.lost_at is None:
+                    try:
+                        watching[lease.attachment.connection.sock.fileno()] = lease
+                    except OSError:
+                        continue
+                else:
+                    wait = max(0.0, lease.retry_at - now)
+                    timeout = wait if timeout is None else min(timeout, wait)
+            fds = [self._wake_r, *[fd for fd in watching if fd >= 0]]
+            try:
+                ready, _, _ = select.select(fds, [], [], timeout)
+            except (OSError, ValueError):
+                ready = []  # a socket closed under us: look again
+                time.sleep(0.01)
+            if self._wake_r in ready:
+                try:
+                    while os.read(self._wake_r, 64):
+                        pass
+                except BlockingIOError:
+                    pass
+            now = time.monotonic()
+            for fd in ready:
+                lease = watching.get(fd)
+                if lease is None or lease.stopped:
+                    continue
+                ended = lease.ended()
+                if ended:
+                    lease.lost(now)
+                elif ended is None:
+                    self.remove(lease)
+            for lease in leases:
+                if lease.stopped or lease.lost_at is None or lease.retry_at > now:
+                    continue
+                if lease.try_again(now):
+                    if lease.lost_at is not None:  # given up
+                        self.remove(lease)
