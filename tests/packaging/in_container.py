@@ -126,7 +126,7 @@ def digest(tensors):
         h.update(t.contiguous().view(-1).view(__import__("torch").uint8).numpy().tobytes())
     return h.hexdigest()
 
-a = attach("default", "cpu0", socket_dir="/run/wcache", client="lease-test")
+a = attach("default", sys.argv[2], socket_dir="/run/wcache", client="lease-test")
 print("digest", digest(a.tensors), flush=True)
 while not os.path.exists(sys.argv[1]):
     time.sleep(0.1)
@@ -414,18 +414,20 @@ def main() -> None:
         )
 
     def leases(instance: str) -> list[int]:
-        status = json.loads(sh("wcached status --json", check=True).stdout)
+        # (Exit 3 while some other instance is not serving: the JSON is still whole.)
+        status = json.loads(sh("wcached status --json").stdout)
         (st,) = [s for s in status if s["instance"] == instance]
         return [c["pid"] for c in st["clients"]]
 
-    def digest_client(tag: str) -> subprocess.Popen:
+    def digest_client(tag: str, instance: str = "cpu0") -> subprocess.Popen:
         """An engine-like client (user engine) holding tensors: prints their
         digest, then again once /tmp/{tag}.go exists, with how often it
         attached again by itself."""
         with open(f"/tmp/{tag}.py", "w") as f:
             f.write(LEASE_CLIENT)
         return subprocess.Popen(
-            f"setpriv --reuid=engine --regid=engine --init-groups {vllm_python} /tmp/{tag}.py /tmp/{tag}.go",
+            f"setpriv --reuid=engine --regid=engine --init-groups {vllm_python} /tmp/{tag}.py /tmp/{tag}.go "
+            f"{instance}",
             shell=True,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,  # its log lines; stdout carries the digests
@@ -478,6 +480,226 @@ def main() -> None:
         assert second[1] == first[1], (first, second)
         assert last[:2] == ["digest", first[1]] and last[3] == "2", (first, last)
         return "\n".join([*rounds, f"digest {first[1][:16]} held throughout; {' '.join(last)}"])
+
+    def stored_fds(unit: str) -> int:
+        return int(prop(unit, "NFileDescriptorStore") or 0)
+
+    def drop_in(inst: str, name: str, text: str) -> None:
+        os.makedirs(f"/etc/systemd/system/wcached@{inst}.service.d", exist_ok=True)
+        with open(f"/etc/systemd/system/wcached@{inst}.service.d/{name}.conf", "w") as f:
+            f.write("[Service]\n" + text)
+        sh("systemctl daemon-reload", check=True)
+
+    def no_drop_in(inst: str, name: str) -> None:
+        sh(f"rm -f /etc/systemd/system/wcached@{inst}.service.d/{name}.conf")
+        sh("systemctl daemon-reload", check=True)
+
+    def restored_not_read(unit: str, mark: str) -> str:
+        log = journal_since(unit, mark)
+        assert "restored default from the fd store" in log, log
+        assert "loader worker" not in log, log
+        return log
+
+    def fresh_start_budget(unit: str) -> None:
+        """These checks start cpu0 more often in minutes than an operator
+        does in weeks: reset its start-rate counter (StartLimitBurst=)."""
+        sh(f"systemctl reset-failed {unit}")
+
+    def demo_files() -> list[str]:
+        d = "/var/lib/wcache/demo/model"
+        return [os.path.join(d, n) for n in os.listdir(d)]
+
+    def unreadable(files: list[str], yes: bool) -> None:
+        for f in files:
+            os.chmod(f, 0o000 if yes else 0o644)
+
+    @check("failed_start_keeps_the_cache")
+    def _():
+        """A config slip (a metrics_dir the daemon may not write) exits 78
+        and leaves the unit failed; its fd store stays, and the start after
+        the fix restores without reading the checkpoint, the lease back."""
+        if not vllm_python:
+            return "skipped: the client needs torch (the vLLM virtualenv is not bound in)"
+        unit = "wcached@cpu0"
+        fresh_start_budget(unit)
+        client = digest_client("slip")
+        first = client.stdout.readline().split()
+        wait_for(lambda: leases("cpu0"), 10, "the client's lease")
+        before = stored_fds(unit)
+        assert before >= 2, before
+        with open("/etc/wcache/slip.toml", "w") as f:
+            f.write(CONFIG.replace("[daemon]\n", '[daemon]\nmetrics_dir = "/etc"\n'))
+        files = demo_files()
+        unreadable(files, True)
+        try:
+            drop_in("cpu0", "slip", "Environment=WCACHED_CONFIG=/etc/wcache/slip.toml\n")
+            sh(f"systemctl restart {unit}")
+            wait_for(lambda: prop(unit, "ActiveState") == "failed", 20, "the slip to fail the unit")
+            status, kept = prop(unit, "ExecMainStatus"), stored_fds(unit)
+            assert status == "78" and kept == before, (status, kept, before)
+            no_drop_in("cpu0", "slip")
+            mark = cursor()
+            sh(f"systemctl start {unit}", check=True)
+            restored_not_read(unit, mark)
+            wait_for(lambda: leases("cpu0"), 15, "the client to attach again", step=0.2)
+        finally:
+            no_drop_in("cpu0", "slip")
+            unreadable(files, False)
+        last = finish_client(client, "slip")
+        assert last[1] == first[1], (first, last)
+        return f"exit {status} with {kept} fds kept in the store; fixed start restored; {' '.join(last)}"
+
+    @check("absent_checkpoint_keeps_the_cache")
+    def _():
+        """A checkpoint path that is not there at start (a mount not up yet)
+        exits 69 and is retried; the stored model stays in the store, and
+        once the path is back it is compared and restored, not refilled."""
+        if not vllm_python:
+            return "skipped: the client needs torch (the vLLM virtualenv is not bound in)"
+        unit = "wcached@cpu0"
+        fresh_start_budget(unit)
+        client = digest_client("away")
+        first = client.stdout.readline().split()
+        wait_for(lambda: leases("cpu0"), 10, "the client's lease")
+        before, restarts = stored_fds(unit), int(prop(unit, "NRestarts") or 0)
+        mark = cursor()
+        os.rename("/var/lib/wcache/demo/model", "/var/lib/wcache/demo/model.away")
+        try:
+            sh(f"systemctl restart --no-block {unit}", check=True)
+            wait_for(lambda: int(prop(unit, "NRestarts") or 0) >= restarts + 2, 30, "retries", step=0.2)
+            log = journal_since(unit, mark)
+            assert "stays in the fd store unserved" in log and "does not exist" in log, log
+            assert stored_fds(unit) == before, (stored_fds(unit), before)
+        finally:
+            os.rename("/var/lib/wcache/demo/model.away", "/var/lib/wcache/demo/model")
+        wait_for(lambda: prop(unit, "ActiveState") == "active", 60, "the unit to serve again", step=0.2)
+        # No refill anywhere since the checkpoint went away.
+        restored_not_read(unit, mark)
+        wait_for(lambda: leases("cpu0"), 15, "the client to attach again", step=0.2)
+        last = finish_client(client, "away")
+        assert last[1] == first[1], (first, last)
+        return f"{int(prop(unit, 'NRestarts')) - restarts} restart(s) while away, {before} fds kept; restored"
+
+    @check("stop_keeps_the_cache_clean_frees_it")
+    def _():
+        unit = "wcached@cpu0"
+        fresh_start_budget(unit)
+        sh(f"systemctl stop {unit}", check=True)
+        kept = stored_fds(unit)
+        assert kept >= 2, kept
+        files = demo_files()
+        unreadable(files, True)
+        try:
+            mark = cursor()
+            sh(f"systemctl start {unit}", check=True)
+            restored_not_read(unit, mark)
+        finally:
+            unreadable(files, False)
+        sh(f"systemctl stop {unit}", check=True)
+        r = sh(f"systemctl clean --what=fdstore {unit}", check=True)
+        assert stored_fds(unit) == 0, stored_fds(unit)
+        mark = cursor()
+        sh(f"systemctl start {unit}", check=True)
+        log = journal_since(unit, mark)
+        assert "loader worker" in log and "restored default" not in log, log
+        return f"stop kept {kept} fds, start restored; clean freed them ({r.stdout.strip()}), start refilled"
+
+    @check("crash_serves_again_within_half_a_second")
+    def _():
+        unit = "wcached@cpu0"
+        fresh_start_budget(unit)
+        times = []
+        for _ in range(3):
+            os.kill(int(prop(unit, "MainPID")), 9)
+            killed = time.monotonic()
+            # The killed daemon's socket refuses at once: accepting means the new one serves.
+            wait_for(lambda: connects("/run/wcache/cpu0.sock"), 20, "serving again", step=0.005)
+            times.append(time.monotonic() - killed)
+            wait_for(lambda: prop(unit, "ActiveState") == "active", 20, "active")
+        best = min(times)
+        assert best < 1.0, times
+        return f"socket answering again after SIGKILL: {', '.join(f'{t:.2f} s' for t in times)}"
+
+    @check("two_models_second_fails_first_is_kept")
+    def _():
+        """Models reach the store as each one fills: a failure filling the
+        second costs only the second; the start after the fix restores the
+        first and fills the second."""
+        sh("rm -rf /var/lib/wcache/bad && cp -r /var/lib/wcache/demo/model /var/lib/wcache/bad", check=True)
+        shard = sorted(n for n in os.listdir("/var/lib/wcache/bad") if n.endswith(".safetensors"))[-1]
+        path = f"/var/lib/wcache/bad/{shard}"
+        os.truncate(path, os.path.getsize(path) // 2)
+        with open("/etc/wcache/two.toml", "w") as f:
+            f.write(CONFIG + '\n[[model]]\nname = "second"\npath = "/var/lib/wcache/bad"\n')
+        unit = "wcached@cpu4"
+        drop_in("cpu4", "two", "Environment=WCACHED_CONFIG=/etc/wcache/two.toml\n")
+        try:
+            sh(f"systemctl start {unit}")
+            wait_for(lambda: prop(unit, "ActiveState") == "failed", 60, "the second model to fail")
+            status, kept = prop(unit, "ExecMainStatus"), stored_fds(unit)
+            assert status == "65" and kept >= 2, (status, kept, sh(f"journalctl -u {unit} -o cat").stdout)
+            sh("cp /var/lib/wcache/demo/model/* /var/lib/wcache/bad/", check=True)
+            mark = cursor()
+            sh(f"systemctl start {unit}", check=True)
+            log = journal_since(unit, mark)
+            assert "restored default from the fd store" in log and "filled second" in log, log
+            assert "filled default" not in log, log
+        finally:
+            sh(f"systemctl stop {unit}")
+            sh(f"systemctl clean --what=fdstore {unit}")
+            no_drop_in("cpu4", "two")
+        return f"first fill: exit {status}, {kept} fds of the first kept; after the fix: restored + filled"
+
+    @check("store_budget_under_unit")
+    def _():
+        """systemd tells the daemon its budget ($FDSTORE): a model that would
+        not fit is not stored, and the journal says why and what fixes it;
+        check-config refuses a segment_size the unit's store cannot keep."""
+        with open("/etc/wcache/small.toml", "w") as f:
+            f.write(CONFIG + 'segment_size = "1MiB"\n')
+        unit = "wcached@cpu5"
+        drop_in(
+            "cpu5", "small", "Environment=WCACHED_CONFIG=/etc/wcache/small.toml\nFileDescriptorStoreMax=4\n"
+        )
+        try:
+            sh(f"systemctl start {unit}", check=True)
+            log = sh(f"journalctl -u {unit} -o cat --no-pager").stdout
+            assert "default not kept in the fd store" in log and "4 the unit allows ($FDSTORE)" in log, log
+            assert "segment_size" in log and "FileDescriptorStoreMax=" in log, log
+            assert "kept in the fd store (" not in log, log
+            assert stored_fds(unit) == 0, stored_fds(unit)
+        finally:
+            sh(f"systemctl stop {unit}")
+            no_drop_in("cpu5", "small")
+        with open("/etc/wcache/tiny.toml", "w") as f:
+            f.write(CONFIG + 'segment_size = "1KiB"\n')
+        r = sh("wcached check-config --config /etc/wcache/tiny.toml")
+        assert r.returncode != 0 and "model[0].segment_size" in r.stdout + r.stderr, r.stdout + r.stderr
+        line = next(x for x in log.splitlines() if "not kept in the fd store" in x)
+        return f"{line}\ncheck-config: {(r.stdout + r.stderr).strip()}"
+
+    @check("watchdog_restarts_a_daemon_whose_socket_is_gone")
+    def _():
+        """Liveness means serving: a daemon whose socket was removed no longer
+        feeds the watchdog; systemd restarts it, it restores, and the client
+        attached throughout gets its lease back."""
+        if not vllm_python:
+            return "skipped: the client needs torch (the vLLM virtualenv is not bound in)"
+        unit = "wcached@cpu3"
+        sh(f"systemctl start {unit}", check=True)
+        client = digest_client("wd", "cpu3")
+        first = client.stdout.readline().split()
+        wait_for(lambda: leases("cpu3"), 10, "the client's lease")
+        pid, mark = prop(unit, "MainPID"), cursor()
+        os.unlink("/run/wcache/cpu3.sock")
+        wait_active_new_pid(unit, pid)
+        log = restored_not_read(unit, mark)
+        assert "does not answer" in log and "Watchdog timeout" in log, log
+        wait_for(lambda: leases("cpu3"), 15, "the client to attach again", step=0.2)
+        last = finish_client(client, "wd")
+        assert last[1] == first[1] and last[3] == "1", (first, last)
+        sh(f"systemctl stop {unit}")
+        return f"pid {pid} -> {prop(unit, 'MainPID')}: restored; client {' '.join(last)}"
 
     def vllm_config(tp: int) -> str:
         parallel = f'tensor_parallel_size = {tp}\nrendezvous = "tcp://127.0.0.1:29555"\n' if tp > 1 else ""
@@ -626,6 +848,9 @@ def main() -> None:
             assert state in ("inactive", ""), (unit, state)
         # [w]: keeps pgrep from matching the shell that runs it.
         assert sh("pgrep -f '[w]cached serve'").returncode == 1
+        # The stores the stopped instances kept are freed with the package.
+        kept = {u: stored_fds(u) for u in (f"wcached@cpu{i}" for i in range(6))}
+        assert not any(kept.values()), kept
         assert not os.path.exists("/usr/bin/wcached")
         assert os.path.exists("/etc/wcache/wcached.toml")  # conffiles stay until purge
 
