@@ -65,7 +65,7 @@ State = Literal["configured", "restored", "stale", "away", "filling", "held", "r
 class Slot:
     """One configured model of this instance."""
 
-    model: ModelConfig  # canonical for the device, sizes parsed
+    model: ModelConfig  # canonical for the device, as parsed by the config
     state: State = "configured"
     # Why it is stale, away or failed (the journal line says the same).
     reason: str = ""
@@ -85,7 +85,7 @@ class Holdings:
         self.python = python
         self.slots: dict[str, Slot] = {}
         for m in models:
-            model = m.for_device(device).parsed()
+            model = m.for_device(device)
             self.slots[model.name] = Slot(model)
 
     # -- at start: what the store kept -----------------------------------

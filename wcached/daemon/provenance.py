@@ -44,7 +44,8 @@ class CheckpointAway(Exception):
 class Provenance(msgspec.Struct, frozen=True, kw_only=True):
     """What one fill is made from."""
 
-    model: ModelConfig  # parsed (sizes as integers), ranks in canonical ids
+    # As the config parsed it (sizes as integers), ranks in canonical ids.
+    model: ModelConfig
     environment: str
     checkpoint: tuple[FileStamp, ...]
 
@@ -52,7 +53,6 @@ class Provenance(msgspec.Struct, frozen=True, kw_only=True):
     def take(cls, model: ModelConfig, python: str) -> Provenance:
         """Raises :class:`CheckpointAway` or :class:`NotRestorable` (the
         loader cannot tell its environment: such a fill is never stored)."""
-        model = model.parsed()
         if model.accepts_remote_path and not os.path.isabs(model.path):
             raise NotRestorable(f"{model.path} is a hub id, whose files cannot be stamped")
         return cls(

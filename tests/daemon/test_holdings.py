@@ -1,0 +1,240 @@
+"""Every transition of a model's life (wcached.daemon.holdings), in process:
+real fills by the safetensors loader into host memory, a real notify socket
+standing in for systemd's fd store (tests.helpers.NotifyListener)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO, NotifyListener
+from wcached.daemon.fdstore import UNIT_FDSTORE_MAX, FdStore, fd_name
+from wcached.daemon.holdings import Holdings
+from wcached.daemon.state import HeldModel
+from wcached.daemon.systemd import Notifier
+from wcached.device import resolve_instance
+from wcached.errors import ModelReleased, UnknownModel
+from wcached.loaders.base import get_loader
+from wcached.loaders.safetensors import SafetensorsModel
+from wcached.memory.host import HostBackend
+
+DEVICE = resolve_instance("cpu0")
+
+
+@pytest.fixture
+def ckpt(work: Path, sharded_ckpt: Path) -> Path:
+    return Path(shutil.copytree(sharded_ckpt, work / "ckpt"))
+
+
+@pytest.fixture
+def listener(work: Path):
+    lst = NotifyListener(work)
+    yield lst
+    lst.close()
+
+
+def _model(ckpt: Path, name: str = "default", **kw) -> SafetensorsModel:
+    # As the config hands it over: sizes parsed.
+    return SafetensorsModel(name=name, path=str(ckpt), segment_size=64 * 1024, **kw)
+
+
+def _holdings(listener: NotifyListener, *models, limit: int | None = None) -> Holdings:
+    store = FdStore(Notifier({"NOTIFY_SOCKET": listener.path}), limit=limit)
+    return Holdings(models, DEVICE, store, python="")
+
+
+def _fill(h: Holdings) -> None:
+    """What the service does: provenance, then the worker's fills, one by one."""
+    todo = h.to_fill()
+    h.begin_fill(todo)
+    for m in todo:
+        filled = get_loader("safetensors").fill(m, HostBackend(), DEVICE.instance_id, lambda *a: None)
+        h.filled(HeldModel(filled.manifest, filled.fds, filled.fill_seconds))
+
+
+def _listened(listener: NotifyListener) -> dict[str, int]:
+    """The store as the next start gets it (LISTEN_FDS: its own copies)."""
+    listener.drain()
+    return {name: os.dup(fd) for name, fd in listener.store}
+
+
+def _states(h: Holdings) -> dict[str, str]:
+    return {name: slot.state for name, slot in h.slots.items()}
+
+
+def test_filled_models_are_held_and_kept_record_first(listener: NotifyListener, ckpt: Path) -> None:
+    h = _holdings(listener, _model(ckpt))
+    assert _states(h) == {"default": "configured"}
+    _fill(h)
+    assert _states(h) == {"default": "held"}
+    segments = len(h.get("default").manifest.segments)
+    assert listener.stored_names() == [fd_name("default", "manifest")] + [
+        fd_name("default", f"seg{i}") for i in range(segments)
+    ]
+    assert h.store.used == segments + 1
+    h.close()
+
+
+def test_a_later_failure_costs_only_the_failing_model(listener: NotifyListener, ckpt: Path) -> None:
+    """Kept as filled: the first model is in the store before the second is
+    filled, and stays there when the second fails."""
+    h = _holdings(listener, _model(ckpt, "first"), _model(ckpt, "second"))
+    todo = h.to_fill()
+    h.begin_fill(todo)
+    filled = get_loader("safetensors").fill(todo[0], HostBackend(), DEVICE.instance_id, lambda *a: None)
+    h.filled(HeldModel(filled.manifest, filled.fds, filled.fill_seconds))
+    assert any(n.startswith(fd_name("first", "")) for n in listener.stored_names())
+    h.fill_failed("second: truncated")
+    assert _states(h) == {"first": "held", "second": "failed"}
+    assert h.slots["second"].reason == "second: truncated"
+    h.close()
+    # The next start restores the first and fills only the second.
+    again = _holdings(listener, _model(ckpt, "first"), _model(ckpt, "second"))
+    again.restore(_listened(listener))
+    assert _states(again) == {"first": "restored", "second": "configured"}
+    assert [m.name for m in again.to_fill()] == ["second"]
+    again.close()
+
+
+def test_restore_of_an_unchanged_fill(listener: NotifyListener, ckpt: Path) -> None:
+    h = _holdings(listener, _model(ckpt))
+    _fill(h)
+    manifest = h.get("default").manifest
+    h.close()
+    again = _holdings(listener, _model(ckpt))
+    again.restore(_listened(listener))
+    assert _states(again) == {"default": "restored"}
+    held = again.get("default")
+    assert held.manifest == manifest and held.origin == "restored"
+    assert again.store.used == len(manifest.segments) + 1  # still counted against the budget
+    assert again.to_fill() == []
+    again.close()
+
+
+def test_a_record_of_an_unparsed_size_matches_the_parsed_setting(
+    listener: NotifyListener, ckpt: Path
+) -> None:
+    """A record written with segment_size as the operator spelled it (older
+    daemons) is compared parsed: "64KiB" is 65536."""
+    h = _holdings(listener, SafetensorsModel(name="default", path=str(ckpt), segment_size="64KiB"))
+    _fill(h)
+    h.close()
+    again = _holdings(listener, _model(ckpt))
+    again.restore(_listened(listener))
+    assert _states(again) == {"default": "restored"}
+    again.close()
+
+
+def test_a_changed_checkpoint_is_stale_and_leaves_the_store(listener: NotifyListener, ckpt: Path) -> None:
+    h = _holdings(listener, _model(ckpt))
+    _fill(h)
+    h.close()
+    shard = sorted(ckpt.glob("*.safetensors"))[0]
+    os.utime(shard, ns=(shard.stat().st_atime_ns, shard.stat().st_mtime_ns + 1))
+    again = _holdings(listener, _model(ckpt))
+    again.restore(_listened(listener))
+    assert _states(again) == {"default": "stale"}
+    assert "was modified" in again.slots["default"].reason
+    assert listener.stored_names() == []
+    assert [m.name for m in again.to_fill()] == ["default"]
+
+
+def test_an_absent_checkpoint_is_away_not_changed(listener: NotifyListener, ckpt: Path) -> None:
+    h = _holdings(listener, _model(ckpt))
+    _fill(h)
+    h.close()
+    stored = listener.stored_names()
+    away = ckpt.with_name("ckpt.away")
+    ckpt.rename(away)
+    again = _holdings(listener, _model(ckpt))
+    again.restore(_listened(listener))
+    assert _states(again) == {"default": "away"}
+    assert "does not exist" in again.slots["default"].reason
+    assert listener.stored_names() == stored  # nothing removed
+    assert again.store.used == len(stored)
+    again.close()
+    away.rename(ckpt)  # the mount is back: compared, and the same
+    back = _holdings(listener, _model(ckpt))
+    back.restore(_listened(listener))
+    assert _states(back) == {"default": "restored"}
+    back.close()
+
+
+def test_a_record_without_its_segments_is_stale(listener: NotifyListener, ckpt: Path) -> None:
+    h = _holdings(listener, _model(ckpt))
+    _fill(h)
+    h.close()
+    listened = _listened(listener)
+    os.close(listened.pop(fd_name("default", "seg1")))
+    again = _holdings(listener, _model(ckpt))
+    again.restore(listened)
+    assert _states(again) == {"default": "stale"}
+    assert "FileDescriptorStoreMax=" in again.slots["default"].reason
+
+
+def test_stored_models_no_longer_configured_leave_the_store(listener: NotifyListener, ckpt: Path) -> None:
+    h = _holdings(listener, _model(ckpt, "gone"))
+    _fill(h)
+    h.close()
+    again = _holdings(listener, _model(ckpt))
+    again.restore(_listened(listener))
+    assert listener.stored_names() == []
+    assert _states(again) == {"default": "configured"}
+
+
+def test_release_leaves_the_store(listener: NotifyListener, ckpt: Path) -> None:
+    h = _holdings(listener, _model(ckpt))
+    _fill(h)
+    assert listener.stored_names()
+    h.release("default")
+    assert _states(h) == {"default": "released"}
+    assert listener.stored_names() == [] and h.store.used == 0
+    with pytest.raises(ModelReleased):
+        h.get("default").check_served()
+    with pytest.raises(UnknownModel):
+        h.get("other")
+
+
+def test_a_model_over_the_budget_is_held_not_stored(
+    listener: NotifyListener, ckpt: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    h = _holdings(listener, _model(ckpt), limit=3)
+    with caplog.at_level(logging.WARNING, "wcached.holdings"):
+        _fill(h)
+    assert _states(h) == {"default": "held"}  # served all the same
+    assert listener.stored_names() == []  # none of it: not a part that systemd would cut
+    (line,) = [r.getMessage() for r in caplog.records if "not kept" in r.getMessage()]
+    segments = len(h.get("default").manifest.segments)
+    assert f"needs {segments + 1} fds" in line and "3 the unit allows" in line
+    assert "segment_size = " in line and "FileDescriptorStoreMax=" in line
+    h.close()
+
+
+def test_the_budget_counts_models_already_in_the_store(listener: NotifyListener, ckpt: Path) -> None:
+    store = FdStore(Notifier({"NOTIFY_SOCKET": listener.path}), limit=5)
+    store.adopt("restored", ["a", "b", "c"])
+    h = Holdings([_model(ckpt)], DEVICE, store, python="")
+    _fill(h)  # 3 segments + a record do not fit beside 3 stored fds
+    assert listener.stored_names() == []
+    h.close()
+
+
+def test_budget_is_read_from_systemd(listener: NotifyListener, monkeypatch: pytest.MonkeyPatch) -> None:
+    notifier = Notifier({"NOTIFY_SOCKET": listener.path})
+    monkeypatch.setenv("FDSTORE", "17")
+    store = FdStore(notifier)
+    assert store.limit == 17 and store.limit_source == "$FDSTORE"
+    monkeypatch.setenv("FDSTORE", "0")  # FileDescriptorStoreMax=0: no store at all
+    assert not FdStore(notifier).enabled
+    monkeypatch.delenv("FDSTORE")
+    assert FdStore(notifier).limit == UNIT_FDSTORE_MAX  # the unit's, where systemd does not say
+
+
+def test_unit_file_budget_matches_the_daemons_default() -> None:
+    unit = (REPO / "debian" / "wcached@.service").read_text()
+    assert f"FileDescriptorStoreMax={UNIT_FDSTORE_MAX}\n" in unit
+    assert "FileDescriptorStorePreserve=yes\n" in unit
