@@ -112,3 +112,45 @@ def test_status_says_when_the_socket_directory_cannot_be_read(work: Path) -> Non
     # --json still prints JSON (what systemd knows; here, nothing).
     r = run_as("nobody", [sys.executable, "-m", "wcached", "status", "--json", "--config", str(cfg)])
     assert r.returncode == 3 and json.loads(r.stdout) == [], r.stdout + r.stderr
+
+
+def _checkpoint_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.glob("*.safetensors"))
+
+
+def test_check_config_refuses_a_segment_size_the_fd_store_cannot_keep(
+    work: Path, sharded_ckpt, capsys
+) -> None:
+    from tests.helpers import write_config
+    from wcached.daemon.fdstore import UNIT_FDSTORE_MAX
+
+    total = _checkpoint_bytes(sharded_ckpt)
+    tiny = total // (UNIT_FDSTORE_MAX + 100)  # more segments than the unit's store keeps
+    cfg = write_config(
+        work / "tiny.toml",
+        models=[{"name": "default", "path": str(sharded_ckpt), "segment_size": tiny}],
+        daemon={"socket_dir": str(work / "run")},
+    )
+    assert main(["check-config", "--config", str(cfg)]) == EX_CONFIG
+    err = capsys.readouterr().err
+    assert "model[0].segment_size" in err and f"the unit keeps {UNIT_FDSTORE_MAX}" in err, err
+    # Each fits alone; an instance serving both needs more than the store keeps.
+    half = total // (UNIT_FDSTORE_MAX * 2 // 3)
+    cfg = write_config(
+        work / "two.toml",
+        models=[
+            {"name": "a", "path": str(sharded_ckpt), "segment_size": half},
+            {"name": "b", "path": str(sharded_ckpt), "segment_size": half},
+        ],
+        daemon={"socket_dir": str(work / "run")},
+        instances={"cpu0": {"models": ["a", "b"]}},
+    )
+    assert main(["check-config", "--config", str(cfg)]) == EX_CONFIG
+    err = capsys.readouterr().err
+    assert "instance.cpu0.models" in err and "model[0].segment_size" not in err, err
+    cfg = write_config(
+        work / "one.toml",
+        models=[{"name": "a", "path": str(sharded_ckpt), "segment_size": half}],
+        daemon={"socket_dir": str(work / "run")},
+    )
+    assert main(["check-config", "--config", str(cfg)]) == 0, capsys.readouterr().err

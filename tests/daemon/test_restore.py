@@ -315,3 +315,98 @@ def test_gpu_segments_restored_after_sigkill(work: Path, ckpt: Path) -> None:
         old.close()
         second.stop()
         second.notify.close()
+
+
+def _two_models(path: Path, work: Path, first: Path, second: Path) -> Path:
+    return write_config(
+        path,
+        models=[
+            {"name": "first", "path": str(first), "segment_size": "64KiB"},
+            {"name": "second", "path": str(second), "segment_size": "64KiB"},
+        ],
+        daemon={"socket_dir": str(work / "run")},
+    )
+
+
+def test_a_model_is_kept_as_it_fills_so_a_later_failure_costs_only_that_model(work: Path, ckpt: Path) -> None:
+    """The second model's checkpoint is truncated: the start fails (65), yet
+    the first model, filled before it, is in the store; once the second is
+    fixed, the next start restores the first and fills only the second."""
+    bad = Path(shutil.copytree(ckpt, work / "bad"))
+    shard = sorted(bad.glob("*.safetensors"))[-1]
+    os.truncate(shard, shard.stat().st_size // 2)
+    cfg = _two_models(work / "two.toml", work, ckpt, bad)
+    first = start_daemon(cfg)
+    assert first.proc.wait(60) == 65, first.log()
+    names = first.notify.stored_names()
+    assert names and all(n.startswith(fd_name("first", "")) for n in names), names
+    first.notify.close(keep_store=True)
+    shutil.rmtree(bad)
+    shutil.copytree(ckpt, bad)
+    second = _up(cfg, store_from=first)
+    try:
+        log = second.log()
+        assert "restored first from the fd store" in log, log
+        assert "filled second" in log and "filled first" not in log, log
+    finally:
+        second.stop()
+        second.notify.close()
+
+
+def test_an_absent_checkpoint_keeps_its_stored_fill_until_it_is_back(work: Path, ckpt: Path) -> None:
+    """Not there (a mount not up yet) is not changed: the start fails with
+    69 (retried by the unit) and removes nothing from the store; once the
+    path is back, the fill is compared and restored without a read."""
+    cfg = tied_model_config(work, ckpt, "64KiB")
+    first = _up(cfg)
+    _kill(first)
+    stored = sorted(name for name, _ in first.notify.store)
+    away = ckpt.with_name("ckpt.away")
+    ckpt.rename(away)
+    retry = start_daemon(cfg, store_from=first.notify)
+    try:
+        assert retry.proc.wait(60) == 69, retry.log()
+        assert "stays in the fd store unserved" in retry.log(), retry.log()
+        assert sorted(retry.notify.stored_names()) == stored
+    finally:
+        away.rename(ckpt)
+    retry.notify.close(keep_store=True)
+    back = _up(cfg, store_from=retry)
+    try:
+        log = back.log()
+        assert "restored default from the fd store" in log and "loader worker" not in log, log
+    finally:
+        back.stop()
+        back.notify.close()
+
+
+def test_a_respelled_segment_size_restores(work: Path, ckpt: Path) -> None:
+    before = _config(work / "before.toml", work, ckpt, segment_size="64KiB")
+    after = _config(work / "after.toml", work, ckpt, segment_size=65536)
+    first = _up(before)
+    _kill(first)
+    second = _up(after, store_from=first)
+    try:
+        log = second.log()
+        assert "restored default from the fd store" in log and "loader worker" not in log, log
+    finally:
+        second.stop()
+        second.notify.close()
+
+
+def test_a_model_over_the_store_budget_is_served_and_not_stored(work: Path, ckpt: Path) -> None:
+    """systemd says its budget in $FDSTORE; a model that needs more is not
+    stored at all (systemd would cut it short), and the journal says why."""
+    cfg = tied_model_config(work, ckpt, "64KiB")
+    d = start_daemon(cfg, env={"FDSTORE": "2"})
+    try:
+        wait_ready(d, 60)
+        with attach("default", "cpu0", socket_dir=d.socket_dir):
+            pass
+        assert d.notify.stored_names() == []
+        log = d.log()
+        assert "default not kept in the fd store" in log and "2 the unit allows ($FDSTORE)" in log, log
+        assert "segment_size = " in log and "kept in the fd store (" not in log, log
+    finally:
+        d.stop()
+        d.notify.close()

@@ -1,0 +1,99 @@
+"""The notify channel (wcached.daemon.systemd) under a full queue, and the
+watchdog fed only while the daemon's own socket answers."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+
+from tests.helpers import NotifyListener, start_daemon, wait_ready
+from wcached.daemon.systemd import Notifier, fdstore_limit
+
+
+def _fill_queue(path: str) -> list[socket.socket]:
+    """Datagrams until the receiver's queue takes no more."""
+    senders = []
+    while True:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        s.setblocking(False)
+        try:
+            s.sendto(b"X=1", path)
+        except BlockingIOError:
+            s.close()
+            return senders
+        senders.append(s)
+        while True:
+            try:
+                s.sendto(b"X=1", path)
+            except BlockingIOError:
+                break
+
+
+def test_status_never_waits_and_store_messages_are_never_dropped(work: Path) -> None:
+    listener = NotifyListener(work)
+    notifier = Notifier({"NOTIFY_SOCKET": listener.path})
+    senders = _fill_queue(listener.path)
+    r, w = os.pipe()
+    try:
+        # A connection thread storing an fd while the queue is full ...
+        stored = []
+        store = threading.Thread(
+            target=lambda: stored.append(notifier.notify("FDSTORE=1", "FDNAME=x", fds=[r], wait=True))
+        )
+        store.start()
+        time.sleep(0.2)
+        # ... never holds up the main loop's status line (sent later, not lost).
+        started = time.monotonic()
+        for i in range(50):
+            notifier.status(f"serving {i}")
+        assert time.monotonic() - started < 0.5
+        assert store.is_alive()  # still waiting for room, not dropped
+        listener.drain()  # systemd reads its queue
+        store.join(10)
+        assert stored == [True]
+        listener.drain()
+        assert [name for name, _ in listener.store] == ["x"]
+        notifier.flush()  # the main loop's next turn sends the newest line
+        listener.drain()
+        statuses = [m for m in listener.messages if m.startswith("STATUS=")]
+        assert statuses and statuses[-1] == "STATUS=serving 49", statuses
+    finally:
+        for s in senders:
+            s.close()
+        os.close(w)
+        os.close(r)
+        listener.close()
+
+
+def test_fdstore_limit_from_systemd() -> None:
+    assert fdstore_limit({"FDSTORE": "4096"}) == 4096
+    assert fdstore_limit({}) is None
+    assert fdstore_limit({"FDSTORE": "x"}) is None
+
+
+def test_the_watchdog_is_fed_only_while_the_socket_answers(work: Path, cpu_config: Path) -> None:
+    """WATCHDOG_USEC set as systemd sets it: pings come while serving, and
+    stop once the daemon's socket is gone (an engine could not attach)."""
+    d = start_daemon(cpu_config, env={"WATCHDOG_USEC": "1000000"})
+    try:
+        wait_ready(d, 60)
+
+        def pings_within(seconds: float) -> int:
+            d.notify.drain()
+            before = sum(m == "WATCHDOG=1" for m in d.notify.messages)
+            time.sleep(seconds)
+            d.notify.drain()
+            return sum(m == "WATCHDOG=1" for m in d.notify.messages) - before
+
+        assert pings_within(2.0) >= 2
+        os.unlink(d.socket_path)
+        time.sleep(2.0)  # the last answer ages out
+        assert pings_within(2.0) == 0, d.log()
+        assert "does not answer" in d.log()
+        assert d.proc.poll() is None  # systemd, not the daemon, acts on it
+    finally:
+        d.stop()
+        d.notify.close()
