@@ -582,27 +582,44 @@ def main() -> None:
 
     @check("stop_keeps_the_cache_clean_frees_it")
     def _():
+        """An enabled instance (wcached.target wants it, so systemd keeps the
+        unit loaded) keeps its store across stop; `systemctl clean
+        --what=fdstore` frees it. A stopped instance nobody enabled is
+        unloaded by systemd, and its store goes with it."""
         unit = "wcached@cpu0"
         fresh_start_budget(unit)
-        sh(f"systemctl stop {unit}", check=True)
-        kept = stored_fds(unit)
-        assert kept >= 2, kept
-        files = demo_files()
-        unreadable(files, True)
+        sh(f"systemctl enable {unit}", check=True)
         try:
+            sh(f"systemctl stop {unit}", check=True)
+            kept = stored_fds(unit)
+            assert kept >= 2 and prop(unit, "LoadState") == "loaded", (kept, prop(unit, "LoadState"))
+            files = demo_files()
+            unreadable(files, True)
+            try:
+                mark = cursor()
+                sh(f"systemctl start {unit}", check=True)
+                restored_not_read(unit, mark)
+            finally:
+                unreadable(files, False)
+            sh(f"systemctl stop {unit}", check=True)
+            sh(f"systemctl clean --what=fdstore {unit}", check=True)
+            assert stored_fds(unit) == 0, stored_fds(unit)
             mark = cursor()
             sh(f"systemctl start {unit}", check=True)
-            restored_not_read(unit, mark)
+            log = journal_since(unit, mark)
+            assert "loader worker" in log and "restored default" not in log, log
         finally:
-            unreadable(files, False)
+            sh(f"systemctl disable {unit}", check=True)
         sh(f"systemctl stop {unit}", check=True)
-        r = sh(f"systemctl clean --what=fdstore {unit}", check=True)
-        assert stored_fds(unit) == 0, stored_fds(unit)
+        gone = stored_fds(unit)
+        assert gone == 0, gone
         mark = cursor()
         sh(f"systemctl start {unit}", check=True)
-        log = journal_since(unit, mark)
-        assert "loader worker" in log and "restored default" not in log, log
-        return f"stop kept {kept} fds, start restored; clean freed them ({r.stdout.strip()}), start refilled"
+        assert "loader worker" in journal_since(unit, mark)
+        return (
+            f"enabled: stop kept {kept} fds, start restored; clean freed them, start refilled; "
+            f"not enabled: stop left {gone} fds (unit unloaded)"
+        )
 
     @check("crash_serves_again_within_half_a_second")
     def _():
