@@ -382,7 +382,7 @@ def test_an_absent_checkpoint_keeps_its_stored_fill_until_it_is_back(work: Path,
 
 def test_a_respelled_segment_size_restores(work: Path, ckpt: Path) -> None:
     before = _config(work / "before.toml", work, ckpt, segment_size="64KiB")
-    after = _config(work / "after.toml", work, ckpt, segment_size=65536)
+    after = _config(work / "after.toml", work, ckpt, segment_size="65536B")
     first = _up(before)
     _kill(first)
     second = _up(after, store_from=first)

@@ -131,9 +131,9 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "restore ignores checkpoint stamps",
-        "wcached/daemon/restore.py",
-        "    _compare_stamps(record.checkpoint, checkpoint_stamps(model.path), model.path)\n",
-        "",
+        "wcached/daemon/provenance.py",
+        "        return _stamps_differ(self.checkpoint, now.checkpoint, now.model.path)",
+        "        return None",
         (
             "tests/daemon/test_restore.py::test_modified_checkpoint_is_refilled_naming_the_file",
             "tests/daemon/test_restore.py::test_replaced_checkpoint_file_is_refilled",
@@ -141,9 +141,9 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "restore ignores changed settings",
-        "wcached/daemon/restore.py",
-        "    if changed:\n        raise NotRestorable",
-        "    if False:\n        raise NotRestorable",
+        "wcached/daemon/provenance.py",
+        "        if changed:\n            return",
+        "        if False:\n            return",
         ("tests/daemon/test_restore.py::test_changed_model_settings_are_refilled_naming_them",),
     ),
     Mutation(
@@ -229,5 +229,77 @@ MUTATIONS: tuple[Mutation, ...] = (
         "            return sum(1 for s in self._sessions.values() if s.models)",
         "            return len(self._sessions)",
         ("tests/daemon/test_service.py::test_a_status_query_is_not_a_lease_in_the_units_status",),
+    ),
+    Mutation(
+        "models reach the store only once the whole instance has filled",
+        "wcached/daemon/filler.py",
+        "                on_filled(HeldModel(m, fds, msg.fill_seconds))",
+        "                filled_now.append(HeldModel(m, fds, msg.fill_seconds))",
+        (
+            "tests/daemon/test_restore.py::test_a_model_is_kept_as_it_fills_so_a_later_failure_costs_only_that_model",
+        ),
+        more=(
+            ("        done = 0\n", "        done = 0\n        filled_now: list[HeldModel] = []\n"),
+            (
+                "            elif isinstance(msg, FillDone):\n                break",
+                "            elif isinstance(msg, FillDone):\n                for h in filled_now:\n"
+                "                    on_filled(h)\n                break",
+            ),
+        ),
+    ),
+    Mutation(
+        "an absent checkpoint drops its stored fill",
+        "wcached/daemon/holdings.py",
+        '            self.store.adopt(name, entry.names)\n            self._move(slot, "away"',
+        '            self.store.remove(entry.names)\n            self._move(slot, "away"',
+        (
+            "tests/daemon/test_holdings.py::test_an_absent_checkpoint_is_away_not_changed",
+            "tests/daemon/test_restore.py::test_an_absent_checkpoint_keeps_its_stored_fill_until_it_is_back",
+        ),
+    ),
+    Mutation(
+        "the fd store's budget is not checked",
+        "wcached/daemon/fdstore.py",
+        "        if need > free:",
+        "        if False:",
+        (
+            "tests/daemon/test_holdings.py::test_a_model_over_the_budget_is_held_not_stored",
+            "tests/daemon/test_restore.py::test_a_model_over_the_store_budget_is_served_and_not_stored",
+        ),
+    ),
+    Mutation(
+        "check-config ignores the fd store's budget",
+        "wcached/preflight.py",
+        "    found += _store_budget(cfg)\n",
+        "",
+        ("tests/test_cli.py::test_check_config_refuses_a_segment_size_the_fd_store_cannot_keep",),
+    ),
+    Mutation(
+        "a status line waits behind a full notify queue",
+        "wcached/daemon/systemd.py",
+        "        if not wait:\n            return self._send(payload, anc, fields) is True",
+        "        if False:\n            return self._send(payload, anc, fields) is True",
+        ("tests/daemon/test_systemd.py::test_status_never_waits_and_store_messages_are_never_dropped",),
+    ),
+    Mutation(
+        "the watchdog is fed whether or not the socket answers",
+        "wcached/daemon/service.py",
+        "            if probe is not None and probe.healthy() and self.notifier.watchdog_due():",
+        "            if self.notifier.watchdog_due():",
+        ("tests/daemon/test_systemd.py::test_the_watchdog_is_fed_only_while_the_socket_answers",),
+    ),
+    Mutation(
+        "a respelled size counts as a changed setting",
+        "wcached/config.py",
+        "            models.append(model.parsed())",
+        "            models.append(model)",
+        ("tests/daemon/test_restore.py::test_a_respelled_segment_size_restores",),
+    ),
+    Mutation(
+        "a lease watch gives up on a daemon that times out while coming back",
+        "wcached/client/lease.py",
+        "    return isinstance(e, (OSError, DaemonUnavailable, TimeoutExpired, ProtocolError, Busy))",
+        "    return isinstance(e, (OSError, DaemonUnavailable, Busy))",
+        ("tests/client/test_lease.py::test_a_daemon_that_times_out_while_coming_back_is_waited_for",),
     ),
 )
