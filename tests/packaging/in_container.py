@@ -627,9 +627,12 @@ def main() -> None:
         fresh_start_budget(unit)
         times = []
         for _ in range(3):
-            os.kill(int(prop(unit, "MainPID")), 9)
+            pid = int(prop(unit, "MainPID"))
+            os.kill(pid, 9)
             killed = time.monotonic()
-            # The killed daemon's socket refuses at once: accepting means the new one serves.
+            # Until the kernel has closed the killed daemon's listener, a
+            # connect may still land in its backlog: wait for the refusal.
+            wait_for(lambda: not connects("/run/wcache/cpu0.sock"), 5, "the old socket to close", step=0.001)
             wait_for(lambda: connects("/run/wcache/cpu0.sock"), 20, "serving again", step=0.005)
             times.append(time.monotonic() - killed)
             wait_for(lambda: prop(unit, "ActiveState") == "active", 20, "active")
@@ -715,8 +718,9 @@ def main() -> None:
         wait_for(lambda: leases("cpu3"), 15, "the client to attach again", step=0.2)
         last = finish_client(client, "wd")
         assert last[1] == first[1] and last[3] == "1", (first, last)
+        new = prop(unit, "MainPID")
         sh(f"systemctl stop {unit}")
-        return f"pid {pid} -> {prop(unit, 'MainPID')}: restored; client {' '.join(last)}"
+        return f"pid {pid} -> {new}: restored; client {' '.join(last)}"
 
     def vllm_config(tp: int) -> str:
         parallel = f'tensor_parallel_size = {tp}\nrendezvous = "tcp://127.0.0.1:29555"\n' if tp > 1 else ""
@@ -876,6 +880,8 @@ def main() -> None:
         sh("rm -rf /var/lib/wcache/demo", check=True)  # the test's own data
         sh("rm -rf /etc/systemd/system/wcached@cpu2.service.d /etc/systemd/system/wcached@cpu3.service.d")
         sh("rm -f /etc/wcache/broken.toml /etc/wcache/vllm.toml")
+        sh("rm -f /etc/wcache/slip.toml /etc/wcache/two.toml /etc/wcache/small.toml /etc/wcache/tiny.toml")
+        sh("rm -rf /var/lib/wcache/bad")
         sh("dpkg -P wcached", check=True)
         leftovers = [
             p
