@@ -269,7 +269,29 @@ class Holdings:
         return held
 
     def statuses(self) -> list[ModelStatus]:
-        return [s.held.status() for s in self.slots.values() if s.held is not None]
+        """What status and metrics show of each model served (restored and
+        held models are "ready", released ones "released")."""
+        out = []
+        for slot in self.slots.values():
+            held = slot.held
+            if held is None:
+                continue
+            m = held.manifest
+            out.append(
+                ModelStatus(
+                    name=m.model,
+                    state="released" if slot.state == "released" else "ready",
+                    loader=m.key.loader,
+                    bytes=m.total_bytes,
+                    tensors=len(m.tensors),
+                    segments=len(m.segments),
+                    key=m.key,
+                    filled_at=m.filled_at,
+                    fill_seconds=held.fill_seconds,
+                    origin=held.origin,
+                )
+            )
+        return out
 
     def close(self) -> None:
         """At exit: this process's fds go; the store keeps its own copies."""

@@ -7,7 +7,7 @@ import threading
 import time
 
 from wcached.errors import ModelReleased
-from wcached.protocol.messages import Manifest, ModelStatus
+from wcached.protocol.messages import Manifest
 from wcached.protocol.wire import close_fds
 
 
@@ -52,18 +52,3 @@ class HeldModel:
                 close_fds(self._fds)
                 self._fds = []
                 self.released_at = time.time()
-
-    def status(self) -> ModelStatus:
-        m = self.manifest
-        return ModelStatus(
-            name=m.model,
-            state="released" if self.released_at is not None else "ready",
-            loader=m.key.loader,
-            bytes=m.total_bytes,
-            tensors=len(m.tensors),
-            segments=len(m.segments),
-            key=m.key,
-            filled_at=m.filled_at,
-            fill_seconds=self.fill_seconds,
-            origin=self.origin,
-        )
