@@ -328,7 +328,10 @@ def _two_models(path: Path, work: Path, first: Path, second: Path) -> Path:
     )
 
 
-def test_a_model_is_kept_as_it_fills_so_a_later_failure_costs_only_that_model(work: Path, ckpt: Path) -> None:
+@pytest.mark.parametrize("instance", ["cpu0", pytest.param("0", marks=pytest.mark.gpu)])
+def test_a_model_is_kept_as_it_fills_so_a_later_failure_costs_only_that_model(
+    work: Path, ckpt: Path, instance: str
+) -> None:
     """The second model's checkpoint is truncated: the start fails (65), yet
     the first model, filled before it, is in the store; once the second is
     fixed, the next start restores the first and fills only the second."""
@@ -336,18 +339,22 @@ def test_a_model_is_kept_as_it_fills_so_a_later_failure_costs_only_that_model(wo
     shard = sorted(bad.glob("*.safetensors"))[-1]
     os.truncate(shard, shard.stat().st_size // 2)
     cfg = _two_models(work / "two.toml", work, ckpt, bad)
-    first = start_daemon(cfg)
+    first = start_daemon(cfg, instance)
     assert first.proc.wait(60) == 65, first.log()
     names = first.notify.stored_names()
     assert names and all(n.startswith(fd_name("first", "")) for n in names), names
     first.notify.close(keep_store=True)
     shutil.rmtree(bad)
     shutil.copytree(ckpt, bad)
-    second = _up(cfg, store_from=first)
+    second = _up(cfg, store_from=first, instance=instance)
     try:
         log = second.log()
         assert "restored first from the fd store" in log, log
         assert "filled second" in log and "filled first" not in log, log
+        reference = load_reference(ckpt)
+        with attach("first", instance, socket_dir=second.socket_dir) as a:
+            for name, ref in reference.items():
+                assert torch.equal(as_bytes(a.tensors[name]).cpu(), as_bytes(ref)), name
     finally:
         second.stop()
         second.notify.close()
