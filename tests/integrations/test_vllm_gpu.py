@@ -260,3 +260,46 @@ def test_draft_model_attached_on_gpu(work: Path, model_dir: Path) -> None:
     assert re.search(r"wcached: bound \d+ tensors of draft ", out["log"]), out["log"][-3000:]
     assert out["tokens"] == disk["tokens"]
     record("draft_gpu", tokens_equal=True)
+
+
+def test_a_vllm_model_filled_before_a_failing_one_is_kept_and_restored(work: Path, model_dir: Path) -> None:
+    """The H200 run of issue 17: two vLLM models in one instance, the second
+    fails in the worker (here: an architecture vLLM does not know). The first,
+    already filled, is in the fd store; the start after the fix restores it
+    without a vLLM fill and fills only the second."""
+    import shutil
+
+    from wcached.daemon.fdstore import fd_name
+
+    second = generate_llama(work / "second", {**LLAMA_1G, "num_hidden_layers": 1}, shards=1, seed=9)
+    good = (second / "config.json").read_text()
+    broken = json.loads(good)
+    broken["architectures"] = ["NoSuchModelForCausalLM"]
+    (second / "config.json").write_text(json.dumps(broken))
+    cfg = _config(work, model_dir, draft=second)
+    started = time.monotonic()
+    first = start_daemon(cfg, "0")
+    rc = first.proc.wait(600)
+    first_s = time.monotonic() - started
+    log = first.log()
+    assert rc not in (0, 1), log[-3000:]  # a cause, never a bare 1
+    names = first.notify.stored_names()
+    assert names and all(n.startswith(fd_name("default", "")) for n in names), (names, log[-3000:])
+    first.notify.close(keep_store=True)
+    (second / "config.json").write_text(good)
+    started = time.monotonic()
+    again = start_daemon(cfg, "0", store_from=first.notify)
+    try:
+        wait_ready(again, 600)
+        ready_s = time.monotonic() - started
+        log = again.log()
+        assert "restored default from the fd store" in log, log[-3000:]
+        assert "filled draft" in log and "filled default" not in log, log[-3000:]
+    finally:
+        again.stop()
+        again.notify.close()
+    print(
+        f"first start: exit {rc} after {first_s:.1f} s with default kept ({len(names)} fds); "
+        f"after the fix: READY in {ready_s:.1f} s, default restored, draft filled"
+    )
+    record("kept_as_filled_gpu", exit_status=rc, first_start_s=round(first_s, 2), ready_after_fix_s=round(ready_s, 2))
