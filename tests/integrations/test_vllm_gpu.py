@@ -267,8 +267,6 @@ def test_a_vllm_model_filled_before_a_failing_one_is_kept_and_restored(work: Pat
     fails in the worker (here: an architecture vLLM does not know). The first,
     already filled, is in the fd store; the start after the fix restores it
     without a vLLM fill and fills only the second."""
-    import shutil
-
     from wcached.daemon.fdstore import fd_name
 
     second = generate_llama(work / "second", {**LLAMA_1G, "num_hidden_layers": 1}, shards=1, seed=9)
@@ -302,4 +300,6 @@ def test_a_vllm_model_filled_before_a_failing_one_is_kept_and_restored(work: Pat
         f"first start: exit {rc} after {first_s:.1f} s with default kept ({len(names)} fds); "
         f"after the fix: READY in {ready_s:.1f} s, default restored, draft filled"
     )
-    record("kept_as_filled_gpu", exit_status=rc, first_start_s=round(first_s, 2), ready_after_fix_s=round(ready_s, 2))
+    record(
+        "kept_as_filled_gpu", exit_status=rc, first_start_s=round(first_s, 2), ready_after_fix_s=round(ready_s, 2)
+    )
