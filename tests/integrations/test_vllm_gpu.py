@@ -280,7 +280,7 @@ def test_a_vllm_model_filled_before_a_failing_one_is_kept_and_restored(work: Pat
     rc = first.proc.wait(600)
     first_s = time.monotonic() - started
     log = first.log()
-    ours = "\n".join(line[:300] for line in log.splitlines() if " wcached daemon" in line or " wcached worker" in line)
+    ours = "\n".join(x[:300] for x in log.splitlines() if " wcached daemon" in x or " wcached worker" in x)
     assert rc != 0, ours
     names = first.notify.stored_names()
     assert names and all(n.startswith(fd_name("default", "")) for n in names), (names, ours)
