@@ -281,6 +281,7 @@ def test_a_vllm_model_filled_before_a_failing_one_is_kept_and_restored(work: Pat
     first_s = time.monotonic() - started
     log = first.log()
     ours = "\n".join(x[:300] for x in log.splitlines() if " wcached daemon" in x or " wcached worker" in x)
+    print(ours)  # the first start's own account, kept in the run's output
     assert rc != 0, ours
     names = first.notify.stored_names()
     assert names and all(n.startswith(fd_name("default", "")) for n in names), (names, ours)
