@@ -243,6 +243,18 @@ class Daemon:
     def log(self) -> str:
         return self.log_path.read_text()
 
+    def wait_exit(self, timeout: float) -> int:
+        """Its exit status, reading its notify messages meanwhile as systemd
+        does (a queue nobody reads would hold up its fd-store messages)."""
+        deadline = time.monotonic() + timeout
+        while self.proc.poll() is None:
+            if time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(self.proc.args, timeout)
+            self.notify.drain()
+            time.sleep(0.05)
+        self.notify.drain()
+        return self.proc.returncode
+
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 15) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)

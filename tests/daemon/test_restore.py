@@ -340,7 +340,7 @@ def test_a_model_is_kept_as_it_fills_so_a_later_failure_costs_only_that_model(
     os.truncate(shard, shard.stat().st_size // 2)
     cfg = _two_models(work / "two.toml", work, ckpt, bad)
     first = start_daemon(cfg, instance)
-    assert first.proc.wait(60) == 65, first.log()
+    assert first.wait_exit(60) == 65, first.log()
     names = first.notify.stored_names()
     assert names and all(n.startswith(fd_name("first", "")) for n in names), names
     first.notify.close(keep_store=True)
@@ -372,7 +372,7 @@ def test_an_absent_checkpoint_keeps_its_stored_fill_until_it_is_back(work: Path,
     ckpt.rename(away)
     retry = start_daemon(cfg, store_from=first.notify)
     try:
-        assert retry.proc.wait(60) == 69, retry.log()
+        assert retry.wait_exit(60) == 69, retry.log()
         assert "stays in the fd store unserved" in retry.log(), retry.log()
         assert sorted(retry.notify.stored_names()) == stored
     finally:

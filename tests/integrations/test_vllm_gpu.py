@@ -277,7 +277,7 @@ def test_a_vllm_model_filled_before_a_failing_one_is_kept_and_restored(work: Pat
     cfg = _config(work, model_dir, draft=second)
     started = time.monotonic()
     first = start_daemon(cfg, "0")
-    rc = first.proc.wait(600)
+    rc = first.wait_exit(600)
     first_s = time.monotonic() - started
     log = first.log()
     ours = "\n".join(x[:300] for x in log.splitlines() if " wcached daemon" in x or " wcached worker" in x)
