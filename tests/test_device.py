@@ -39,3 +39,40 @@ def test_isolated_resolution_reports_errors_from_the_child() -> None:
     with pytest.raises(DeviceError, match=r"NVML could not start|nvidia-ml-py"):
         resolve_instance("GPU-8d3c0000-0000-0000-0000-000000000000", isolated=True)
     assert resolve_instance("cpu1", isolated=True).instance_id == "cpu1"
+
+
+def test_nvml_not_ready_is_retried_an_absent_gpu_is_not(monkeypatch) -> None:
+    """At boot the unit may start before the driver: NVML failing to start
+    (or failing mid-reset) is DeviceNotReady (69, retried); asking for a GPU
+    that is not there is DeviceError (78)."""
+    import sys
+    import types
+
+    from wcached import device
+    from wcached.errors import DeviceError, DeviceNotReady
+
+    class NVMLError(Exception):
+        pass
+
+    fake = types.SimpleNamespace(NVMLError=NVMLError, nvmlShutdown=lambda: None)
+
+    def not_loaded() -> None:
+        raise NVMLError("Driver Not Loaded")
+
+    fake.nvmlInit = not_loaded
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    with pytest.raises(DeviceNotReady, match="NVML could not start") as e:
+        device._resolve_gpu("0")
+    assert e.value.exit_status == 69
+    fake.nvmlInit = lambda: None
+    fake.nvmlDeviceGetCount = lambda: 1
+    with pytest.raises(DeviceError, match="no GPU with index 3") as e:
+        device._resolve_gpu("3")
+    assert type(e.value) is DeviceError and e.value.exit_status == 78
+
+    def resetting(index: int) -> None:
+        raise NVMLError("GPU is lost")
+
+    fake.nvmlDeviceGetHandleByIndex = resetting
+    with pytest.raises(DeviceNotReady, match="NVML failed"):
+        device._resolve_gpu("0")

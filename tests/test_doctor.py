@@ -119,7 +119,7 @@ def test_failed_unit_gets_the_fix_for_its_exit_status() -> None:
     text = "\n".join(report.lines)
     assert "ok    wcached@0.service: activating/start (filling llama (1 of 2)" in text
     line, fix = _problem(text, "wcached@1.service")
-    assert "last exit status 78: configuration error" in line
+    assert "last exit status 78: a configuration mistake" in line
     assert (
         fix.startswith("wcached check-config --user wcache") and "systemctl restart wcached@1.service" in fix
     )

@@ -55,9 +55,9 @@ def test_a_new_key_changes_the_reference(monkeypatch) -> None:
 
 
 def test_every_command_and_exit_status_is_in_wcached_8() -> None:
+    from wcached import exits
     from wcached.cli import _parser
     from wcached.manpages import _subcommands
-    from wcached.status_view import EXIT_MEANINGS
 
     text = PAGES["wcached.8"]()
     for name, sub in _subcommands(_parser()):
@@ -66,7 +66,7 @@ def test_every_command_and_exit_status_is_in_wcached_8() -> None:
             for opt in action.option_strings:
                 if opt not in ("-h", "--help"):
                     assert opt.replace("-", "\\-") in text, (name, opt)
-    for status in EXIT_MEANINGS:
+    for status in exits.statuses():
         assert f"\n.B {status}\n" in text
 
 

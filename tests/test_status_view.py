@@ -173,16 +173,17 @@ def test_status_shows_instances_without_a_socket_from_their_units(tmp_path: Path
     by = {v.instance: v for v in views}
     assert by["0"].state == "filling" and by["0"].exit_status is None
     assert by["1"].state == "failed" and by["1"].exit_status == 78
-    assert by["1"].exit_meaning.startswith("configuration error, or not a usable device (not retried)")
+    meaning = by["1"].exit_meaning
+    assert meaning.startswith("a configuration mistake") and meaning.endswith("(not retried)")
     assert by["cpu2"].state == "restarting" and by["cpu2"].exit_status == 75
     assert by["cpu2"].instance_id == "cpu2"
     text = table(views)
     assert "0: filling llama (1 of 2): 6.4 of 16.1 GB, 2.10 GB/s, 5 s left" in text
-    assert "1: exit status 78: configuration error, or not a usable device (not retried)" in text
+    assert "1: exit status 78: a configuration mistake" in text
     # What the daemon itself said last.
     assert "1: failed: /etc/wcache/wcached.toml: model[0].dtype: ..." in text
     assert "journalctl -u wcached@1.service -e" in text
-    assert "cpu2: last run exit status 75: temporary: out of memory, a stalled fill" in text
+    assert "cpu2: last run exit status 75: out of device or host memory while filling" in text
     # An instance stopped cleanly is left out, unless asked for by name.
     stopped = msgspec.structs.replace(units[1], active_state="inactive", sub_state="dead", result="success")
     assert [v.instance for v in gather(str(tmp_path), None, 1.0, [units[0], stopped])] == ["0"]
@@ -290,7 +291,7 @@ def test_units_join_daemons_by_the_index_they_report_without_nvml() -> None:
         ("0", "serving", "wcached@0.service"),
         ("GPU-abc", "restarting", "wcached@GPU-abc.service"),
     ]
-    assert views[1].exit_status == 75 and "another daemon serves this device" in views[1].exit_meaning
+    assert views[1].exit_status == 75 and "another daemon serving this device" in views[1].exit_meaning
 
 
 def test_a_stale_socket_shows_what_the_unit_is_doing() -> None:

@@ -87,3 +87,39 @@ def test_verify_hashes_gpu_memory_and_names_a_rewritten_tensor(work: Path, ckpt:
         assert r.returncode == 1, r.stdout + r.stderr
         assert f"{victim.name}: {Path(victim.file).name} on disk differs from what is served" in r.stdout
         print(r.stdout)
+
+
+def test_tensors_over_2_gib_fill_cast_and_verify(work: Path) -> None:
+    """One read returns at most 2,147,479,552 bytes on Linux: a 2.24 GB
+    float32 tensor (an embedding of a large model) filled as it is and cast
+    to bfloat16, then verified against the checkpoint, must all be whole."""
+    from safetensors.torch import save_file
+
+    from tests.helpers import write_config
+
+    n = 560_000_000  # 2.24 GB as float32
+    big = torch.arange(n, dtype=torch.float32).remainder_(65521.0)
+    ckpt = work / "big"
+    ckpt.mkdir()
+    save_file({"big": big, "small": torch.ones(4)}, str(ckpt / "model.safetensors"))
+    expect_bf16 = big[-1000:].to(torch.bfloat16)
+    tail = big[-1000:].clone()
+    del big
+    for dtype, segment in (("auto", "4GiB"), ("bfloat16", "2GiB")):
+        cfg = write_config(
+            work / f"{dtype}.toml",
+            models=[{"name": "default", "path": str(ckpt), "dtype": dtype, "segment_size": segment}],
+            daemon={"socket_dir": str(work / "run")},
+        )
+        with run_daemon(cfg, timeout=300) as d:
+            assert "truncated" not in d.log()
+            from wcached.client import attach
+
+            with attach("default", "cpu0", socket_dir=d.socket_dir) as a:
+                got = a.tensors["big"]
+                assert got.numel() == n
+                want = expect_bf16 if dtype == "bfloat16" else tail
+                assert torch.equal(got[-1000:], want), dtype
+            r = _verify(cfg)
+            assert r.returncode == 0, r.stdout + r.stderr
+            assert "default: ok (2 tensors checked in memory, 2 against the checkpoint)" in r.stdout, r.stdout

@@ -15,7 +15,7 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass
 
-from wcached.errors import DeviceError
+from wcached.errors import DeviceError, DeviceNotReady
 
 _CPU_RE = re.compile(r"^cpu(\d+)$")
 _INDEX_RE = re.compile(r"^\d+$")
@@ -62,7 +62,8 @@ def _resolve_gpu(name: str) -> Device:
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError as e:
-        raise DeviceError(
+        # At boot the unit may start before the driver is loaded: retried.
+        raise DeviceNotReady(
             f"instance {name!r} is a GPU, but NVML could not start ({e}): "
             "is the NVIDIA driver installed and loaded?"
         ) from None
@@ -83,9 +84,9 @@ def _resolve_gpu(name: str) -> Device:
         model = nvml_text(pynvml.nvmlDeviceGetName(handle))
         memory = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
     except pynvml.NVMLError as e:
-        # A GPU fallen off the bus, a driver mid-reload: the caller's error,
-        # not a traceback.
-        raise DeviceError(f"instance {name!r}: NVML failed: {e}") from None
+        # A GPU mid-reset, a driver mid-reload: not usable now, retried (a
+        # GPU fallen off the bus keeps failing, with this line each time).
+        raise DeviceNotReady(f"instance {name!r}: NVML failed: {e}") from None
     finally:
         pynvml.nvmlShutdown()
     aliases = tuple(a for a in {name, str(index)} if a != uuid)
@@ -101,7 +102,9 @@ def _resolve_gpu_isolated(name: str) -> Device:
     )
     if r.returncode != 0:
         lines = r.stderr.strip().splitlines()
-        raise DeviceError(lines[-1] if lines else f"resolving {name!r} failed ({r.returncode})")
+        message = lines[-1] if lines else f"resolving {name!r} failed ({r.returncode})"
+        # The child's status says which kind (see main()).
+        raise (DeviceNotReady if r.returncode == DeviceNotReady.exit_status else DeviceError)(message)
     raw = json.loads(r.stdout)
     raw["aliases"] = tuple(raw["aliases"])
     return Device(**raw)
@@ -126,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(asdict(resolve_instance(args[0]))))
     except DeviceError as e:
         print(e, file=sys.stderr)
-        return 1
+        return e.exit_status
     return 0
 
 

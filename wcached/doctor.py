@@ -22,8 +22,9 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 
+from wcached import exits
 from wcached.device import nvml_text
-from wcached.errors import EX_CONFIG, EX_DATAERR, EX_SOFTWARE, EX_TEMPFAIL, EX_UNAVAILABLE, WcacheError
+from wcached.errors import WcacheError
 
 PACKAGE_SOCKET_DIR = "/run/wcache"  # what the package's tmpfiles.d line creates
 DAEMON_USER = "wcache"
@@ -348,18 +349,6 @@ def check_vmm(r: Report) -> None:
 
 # -- systemd ------------------------------------------------------------------
 
-# The fix for each exit status the unit can end with (status_view has what it means).
-EXIT_FIXES = {
-    EX_CONFIG: "wcached check-config --user wcache; fix what it names, then: systemctl restart {unit}",
-    EX_DATAERR: "journalctl -u {unit} -e names the file and tensor: copy that file again, "
-    "then: systemctl restart {unit}",
-    EX_UNAVAILABLE: "journalctl -u {unit} -e says which: a checkpoint path not there yet (findmnt; the unit "
-    "retries by itself), or WCACHED_PYTHON in /etc/default/wcached that is not an interpreter",
-    EX_TEMPFAIL: "journalctl -u {unit} -e says which: device memory (nvidia-smi shows who holds it), a "
-    "stalled fill, or two units for one device (systemctl list-units 'wcached@*': keep one)",
-    EX_SOFTWARE: "a bug: journalctl -u {unit} -e has the traceback; report it, "
-    "then: systemctl restart {unit}",
-}
 # By systemd's Result= of the last run, where it says more than the status.
 RESULT_FIXES = {
     "start-limit-hit": "journalctl -u {unit} -e for why it kept failing; then: systemctl reset-failed {unit} "
@@ -391,8 +380,8 @@ def check_units(r: Report, instance: str | None, units=None) -> None:
         meaning = exit_meaning(u.exit_code, u.exit_status, u.result, u.unit)
         if u.result in RESULT_FIXES:
             fix = RESULT_FIXES[u.result]
-        elif u.exit_code == "exited":
-            fix = EXIT_FIXES.get(u.exit_status, "journalctl -u {unit} -e")
+        elif u.exit_code == "exited" and u.exit_status is not None:
+            fix = exits.fix(u.exit_status, "{unit}")
         else:
             fix = "journalctl -k | grep -i -e oom -e killed; journalctl -u {unit} -e"
         status = f", last exit status {u.exit_status}" if u.exit_status is not None else ""

@@ -10,19 +10,21 @@ from __future__ import annotations
 
 import os
 
-# sysexits(3) values that systemd units key on (RestartPreventExitStatus=78).
-EX_DATAERR = 65
-EX_UNAVAILABLE = 69
-EX_SOFTWARE = 70
-EX_TEMPFAIL = 75
-EX_CONFIG = 78
+# The statuses and what each means: wcached.exits, the one table.
+from wcached.exits import EX_CONFIG, EX_DATAERR, EX_SOFTWARE, EX_TEMPFAIL, EX_UNAVAILABLE
+
+__all__ = ["EX_CONFIG", "EX_DATAERR", "EX_SOFTWARE", "EX_TEMPFAIL", "EX_UNAVAILABLE"]
 
 
 class WcacheError(Exception):
-    """Base of every wcached error; ``code`` is stable on the wire."""
+    """Base of every wcached error; ``code`` is stable on the wire.
+
+    ``exit_status`` is what ``wcached serve`` exits with when this ends it
+    (its meaning: :mod:`wcached.exits`); anything not classified is a
+    software error, retried by the unit."""
 
     code = "internal"
-    exit_status = 1
+    exit_status = EX_SOFTWARE
 
 
 class ConfigError(WcacheError):
@@ -42,10 +44,19 @@ class ConfigError(WcacheError):
 
 
 class DeviceError(WcacheError):
-    """The instance name does not resolve to a usable device."""
+    """The instance name does not resolve to a device (none with that index
+    or UUID, no NVML installed): no retry fixes it."""
 
     code = "device"
     exit_status = EX_CONFIG
+
+
+class DeviceNotReady(DeviceError):
+    """The device is there but not usable now (the driver or NVML not ready
+    at boot, a GPU reset in progress, cuInit failing): retried by the unit."""
+
+    code = "device_not_ready"
+    exit_status = EX_UNAVAILABLE
 
 
 class LockHeldError(WcacheError):
@@ -64,10 +75,46 @@ class LockForeign(WcacheError):
 
 
 class FillError(WcacheError):
-    """Filling the cache from a checkpoint failed (names file and tensor)."""
+    """Filling the cache failed for a reason none of the subclasses names:
+    a software error, retried by the unit."""
 
     code = "fill_failed"
+    exit_status = EX_SOFTWARE
+
+
+class CheckpointCorrupt(FillError):
+    """A checkpoint's bytes are wrong (truncated, a corrupt header or index, a
+    tensor that ends early or is stored twice): names file and tensor. Only
+    copying the file again fixes it, so no retry."""
+
+    code = "checkpoint_corrupt"
     exit_status = EX_DATAERR
+
+
+class FillMisconfigured(FillError):
+    """The model cannot be filled as configured (a directory with no
+    safetensors files, an alias naming no tensor, unknown vLLM engine_args, a
+    rank missing): a configuration mistake, no retry."""
+
+    code = "fill_misconfigured"
+    exit_status = EX_CONFIG
+
+
+class WorkerDied(FillError):
+    """The loader worker died without saying why (a signal, a crash in native
+    code, an exit without a report): temporary as far as anyone can tell,
+    retried; the journal has the signal or status."""
+
+    code = "worker_died"
+    exit_status = EX_SOFTWARE
+
+
+class WorkerNotRunnable(FillError):
+    """The worker's interpreter (WCACHED_PYTHON) cannot be run: retried, as
+    a package being installed makes it appear."""
+
+    code = "worker_not_runnable"
+    exit_status = EX_UNAVAILABLE
 
 
 class OutOfMemory(FillError):
@@ -163,9 +210,14 @@ _BY_CODE: dict[str, type[WcacheError]] = {
         WcacheError,
         ConfigError,
         DeviceError,
+        DeviceNotReady,
         LockHeldError,
         LockForeign,
         FillError,
+        CheckpointCorrupt,
+        FillMisconfigured,
+        WorkerDied,
+        WorkerNotRunnable,
         OutOfMemory,
         FillStalled,
         UnservableModel,

@@ -213,8 +213,8 @@ models = ["llama-8b"]"""
 
 
 def command_reference(parser: argparse.ArgumentParser | None = None) -> str:
+    from wcached import exits
     from wcached.cli import EXIT_DOWN, _parser
-    from wcached.status_view import EXIT_MEANINGS
 
     parser = parser or _parser()
     out = _header("wcached", 8, "System Administration")
@@ -249,8 +249,8 @@ def command_reference(parser: argparse.ArgumentParser | None = None) -> str:
                 names += f" {(action.metavar or action.dest).upper()}"
             out += [".RS", ".TP", f".B {esc(names)}", esc(_help(action)), ".RE"]
     out += [".SH EXIT STATUS", "Of", ".BR serve ,", "and of its unit as", ".B wcached status", "explains it:"]
-    for status, meaning in sorted(EXIT_MEANINGS.items()):
-        out += [".TP", f".B {status}", esc(meaning)]
+    for status in exits.statuses():
+        out += [".TP", f".B {status}", esc(exits.meaning(status))]
     out += [
         ".PP",
         ".B status",

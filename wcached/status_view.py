@@ -20,24 +20,11 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from wcached.errors import EX_CONFIG, EX_DATAERR, EX_SOFTWARE, EX_TEMPFAIL, EX_UNAVAILABLE, WcacheError
+from wcached import exits
+from wcached.errors import WcacheError
 from wcached.protocol.messages import ClientStatus, ModelStatus
 
 UNIT_PATTERN = "wcached@*.service"
-
-# What a daemon's exit status means, and whether the unit retries it
-# (RestartPreventExitStatus=78 65 in the packaged unit).
-EXIT_MEANINGS = {
-    0: "stopped cleanly",
-    1: "failed",
-    EX_DATAERR: "a checkpoint is corrupt or truncated (not retried): the journal names the file and tensor",
-    EX_UNAVAILABLE: "a checkpoint path does not exist yet (not mounted?), or WCACHED_PYTHON in "
-    "/etc/default/wcached is not an interpreter (retried)",
-    EX_SOFTWARE: "software error, a bug (retried): the journal has the traceback",
-    EX_TEMPFAIL: "temporary: out of memory, a stalled fill, or another daemon serves this device "
-    "(retried with a growing delay)",
-    EX_CONFIG: "configuration error, or not a usable device (not retried): run wcached check-config",
-}
 
 # How a unit's last run ended (its Result=), where that says more than the
 # exit status: systemd killed it, or will not start it again.
@@ -179,7 +166,7 @@ def exit_meaning(code: str, status: int | None, result: str = "", unit: str = ""
         except ValueError:
             name = f"signal {status}"
         return f"killed by {name}" + (" (out of memory?)" if name == "SIGKILL" else "")
-    return EXIT_MEANINGS.get(status, "failed")
+    return exits.meaning(status)
 
 
 def _unit_view(u: UnitInfo, instance_id: str) -> InstanceView:

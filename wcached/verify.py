@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from wcached.config import ModelConfig, default_config_path, load_config
+from wcached.memory.base import preadv_full
 
 if TYPE_CHECKING:
     import torch
@@ -132,11 +133,10 @@ def _compare_disk(manifest: Any, model: ModelConfig, rep: Report) -> None:
                 fd = fds[t.file] = os.open(t.file, os.O_RDONLY | os.O_CLOEXEC)
             out = BY_TORCH_NAME[info.dtype]
             if out is t.dtype:
-                data = os.pread(fd, t.nbytes, t.data_start)
-                if len(data) != t.nbytes:
+                digest = _file_digest(fd, t.data_start, t.nbytes)
+                if digest is None:
                     rep.problems.append(f"{t.name}: {os.path.basename(t.file)} is truncated now")
                     continue
-                digest = xxhash.xxh3_128(data).hexdigest()
             else:
                 digest = xxhash.xxh3_128(_cast(fd, t, out)).hexdigest()
             rep.checked_disk += 1
@@ -189,3 +189,26 @@ def run(instance: str, model_name: str | None, config: str | None, socket_dir: s
             print(f"  note: {n}")
         bad += bool(rep.problems)
     return 1 if bad else 0
+
+
+# Hashed in pieces: a tensor of several GiB is never held whole (and one
+# read returns at most 2,147,479,552 bytes on Linux).
+_HASH_CHUNK = 64 << 20
+
+
+def _file_digest(fd: int, offset: int, nbytes: int) -> str | None:
+    """xxh3-128 of ``nbytes`` at ``offset``, as the fill computes it; None if
+    the file ends first."""
+    import xxhash
+
+    h = xxhash.xxh3_128()
+    buf = bytearray(min(nbytes, _HASH_CHUNK))
+    done = 0
+    while done < nbytes:
+        view = memoryview(buf)[: min(len(buf), nbytes - done)]
+        got = preadv_full(fd, [view], offset + done)
+        h.update(view[:got])
+        if got < len(view):
+            return None
+        done += got
+    return h.hexdigest()

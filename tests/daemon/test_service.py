@@ -32,7 +32,7 @@ from tests.helpers import (
     write_sharded,
 )
 from wcached.client import attach
-from wcached.errors import EX_CONFIG, EX_DATAERR, EX_TEMPFAIL, EX_UNAVAILABLE, DaemonUnavailable
+from wcached.errors import EX_CONFIG, EX_DATAERR, EX_SOFTWARE, EX_TEMPFAIL, EX_UNAVAILABLE, DaemonUnavailable
 
 
 def test_every_tensor_bit_exact_with_load_file(cpu_config: Path, sharded_ckpt: Path) -> None:
@@ -469,3 +469,52 @@ def test_terminal_run_draws_a_progress_bar(work: Path) -> None:
     # 16 x 2 MiB read: tqdm's bar reaches 33.6 MB, and the log follows it.
     assert "default: 100%" in text and "33.6M/33.6M" in text, text
     assert text.index("default: 100%") < text.index("serving cpu0"), text
+
+
+def test_a_worker_killed_mid_fill_is_retried_not_called_corrupt(work: Path) -> None:
+    """What the out-of-memory killer does to a big fill: SIGKILL to the
+    worker. A worker that died says nothing about the checkpoint: exit 70
+    (retried), the signal named, never "corrupt" (65, not retried)."""
+    ckpt = work / "ckpt"
+    ckpt.mkdir()
+    os.mkfifo(ckpt / "model.safetensors")  # the worker blocks reading it
+    cfg = one_model_config(work, ckpt)
+    d = start_daemon(cfg)
+    deadline = time.monotonic() + 30
+    while not (m := re.search(r"loader worker pid (\d+) started", d.log())):
+        assert d.proc.poll() is None and time.monotonic() < deadline, d.log()
+        time.sleep(0.05)
+    os.kill(int(m.group(1)), signal.SIGKILL)
+    rc = d.wait_exit(30)
+    log = d.log()
+    assert rc == EX_SOFTWARE, log
+    assert "loader worker was killed by SIGKILL" in log and "corrupt" not in log, log
+
+
+def test_a_worker_that_dies_before_its_job_is_retried(work: Path, sharded_ckpt: Path) -> None:
+    """An interpreter that exits at once (a broken virtualenv): no
+    BrokenPipeError traceback, exit 70 naming the status."""
+    broken = work / "python"
+    broken.write_text("#!/bin/sh\nexit 3\n")
+    broken.chmod(0o755)
+    cfg = one_model_config(work, sharded_ckpt)
+    cfg.write_text(cfg.read_text().replace("[daemon]\n", f'[daemon]\nworker_python = "{broken}"\n', 1))
+    d = start_daemon(cfg)
+    rc = d.wait_exit(30)
+    log = d.log()
+    assert rc == EX_SOFTWARE, log
+    assert "loader worker exited with status 3" in log and "Traceback" not in log, log
+
+
+def test_oom_kills_reads_the_cgroups_count(tmp_path: Path) -> None:
+    from wcached.daemon.filler import oom_kills
+
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    (proc / "cgroup").write_text("0::/system.slice/system-wcached.slice/wcached@0.service\n")
+    group = tmp_path / "cg" / "system.slice" / "system-wcached.slice" / "wcached@0.service"
+    group.mkdir(parents=True)
+    (group / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 2\noom_kill 2\noom_group_kill 0\n")
+    assert oom_kills(str(proc), str(tmp_path / "cg")) == 2
+    (group / "memory.events").unlink()
+    assert oom_kills(str(proc), str(tmp_path / "cg")) is None

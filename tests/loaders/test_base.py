@@ -87,12 +87,15 @@ def test_builtin_loaders_need_no_installed_metadata() -> None:
 def test_a_table_sent_to_the_worker_comes_back_as_its_loaders_struct() -> None:
     import msgspec
 
-    v = VllmModel(name="m", path="/p", tensor_parallel_size=2, role="draft")
+    # As the config hands tables over: parsed (sizes as integers).
+    v = VllmModel(name="m", path="/p", tensor_parallel_size=2, role="draft").parsed()
     raw = msgspec.to_builtins(v)
     assert raw["loader"] == "vllm"
     assert model_from_builtins(raw) == v
-    s = SafetensorsModel(name="m", path="/p", aliases={"a": "b"})
+    s = SafetensorsModel(name="m", path="/p", aliases={"a": "b"}).parsed()
     assert model_from_builtins(msgspec.to_builtins(s)) == s
+    # A table as an operator or an older daemon wrote it comes back parsed.
+    assert model_from_builtins({**raw, "segment_size": "4GiB"}) == v
 
 
 def test_a_key_of_another_loader_is_named_as_such(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import stat
 import subprocess
@@ -22,7 +23,10 @@ from wcached.errors import (
     ConfigError,
     FillError,
     FillStalled,
+    OutOfMemory,
     TimeoutExpired,
+    WorkerDied,
+    WorkerNotRunnable,
     error_for_code,
 )
 from wcached.log import current_instance
@@ -87,20 +91,23 @@ def fill_models(
     except OSError as e:
         parent.close()
         child.close()
-        raise FillError(f"cannot start the loader worker with {python}: {e}") from None
+        raise WorkerNotRunnable(f"cannot start the loader worker with {python}: {e}") from None
     child.close()
+    ooms_before = oom_kills()
     log.info("loader worker pid %d started (%s)", proc.pid, python)
     chan = Channel(parent, WorkerMessage)
     totals = {m.name: 0 for m in settings.models}  # from the worker's first report
     try:
-        chan.send(
-            FillJob(
-                instance=device.instance_id,
-                backend=device.backend,
-                device_index=device.index,
-                models=[msgspec.to_builtins(m.for_device(device)) for m in settings.models],
-            )
+        job = FillJob(
+            instance=device.instance_id,
+            backend=device.backend,
+            device_index=device.index,
+            models=[msgspec.to_builtins(m.for_device(device)) for m in settings.models],
         )
+        try:
+            chan.send(job)
+        except OSError:  # it died before reading its job (an import that crashed?)
+            raise _worker_death(proc, ooms_before) from None
         by_name = {m.name: m for m in settings.models}
         current = settings.models[0].name if settings.models else ""
         done = 0
@@ -116,7 +123,7 @@ def fill_models(
                     _check_stall(by_name[current], time.monotonic() - last_progress)
                 continue
             except (PeerClosed, OSError):
-                raise FillError(_worker_death(proc)) from None
+                raise _worker_death(proc, ooms_before) from None
             last_progress = time.monotonic()
             if isinstance(msg, FillProgress):
                 current, done = msg.model, msg.done_bytes
@@ -144,7 +151,7 @@ def fill_models(
                 break
         rc = proc.wait(timeout=60)
         if rc != 0:
-            raise FillError(f"loader worker exited with status {rc} after filling")
+            raise WorkerDied(f"loader worker exited with status {rc} after filling")
     except BaseException:
         if proc.poll() is None:
             proc.kill()
@@ -187,11 +194,43 @@ def check_checkpoint_path(model: ModelConfig, source: str = "") -> None:
         )
 
 
-def _worker_death(proc: subprocess.Popen) -> str:
+def _worker_death(proc: subprocess.Popen, ooms_before: int | None) -> FillError:
+    """Why the worker went without a report, as the error its cause is: the
+    kernel's out-of-memory killer (this cgroup's memory.events counted one
+    more oom_kill) is out of memory; anything else is a worker that died.
+    Both are retried by the unit; neither says the checkpoint is bad."""
     try:
         rc = proc.wait(timeout=10)
     except subprocess.TimeoutExpired:
-        return "loader worker closed its connection without reporting"
+        return WorkerDied("loader worker closed its connection without reporting")
     if rc < 0:
-        return f"loader worker was killed by signal {-rc} (out of memory?)"
-    return f"loader worker exited with status {rc} without reporting a result"
+        name = _signal_name(-rc)
+        after = oom_kills()
+        if ooms_before is not None and after is not None and after > ooms_before:
+            return OutOfMemory(f"loader worker was killed by the kernel's out-of-memory killer ({name})")
+        hint = " (the out-of-memory killer? journalctl -k | grep -i oom)" if -rc == signal.SIGKILL else ""
+        return WorkerDied(f"loader worker was killed by {name}{hint}")
+    return WorkerDied(f"loader worker exited with status {rc} without reporting a result")
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def oom_kills(proc_root: str = "/proc/self", cgroup_root: str = "/sys/fs/cgroup") -> int | None:
+    """How many processes of this cgroup (cgroup v2: the unit's, which the
+    worker shares) the kernel's out-of-memory killer took; None if unknown."""
+    try:
+        with open(f"{proc_root}/cgroup") as f:
+            path = next(line.split("::", 1)[1].strip() for line in f if line.startswith("0::"))
+        with open(os.path.join(cgroup_root, path.lstrip("/"), "memory.events")) as f:
+            for line in f:
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+    except (OSError, StopIteration, ValueError):
+        return None
+    return None

@@ -22,11 +22,11 @@ from pathlib import Path
 import xxhash
 
 from wcached.dtypes import BY_TORCH_NAME, DTYPES, Dtype
-from wcached.errors import FillError
+from wcached.errors import CheckpointCorrupt, CheckpointMissing, FillError, FillMisconfigured
 from wcached.keys import CacheKey
 from wcached.loaders.base import ModelConfig
 from wcached.loaders.layout import FilledModel, PhaseClock, alias_entries, fill_segments, plan_layout
-from wcached.memory.base import MAX_RUN_BYTES, MemoryBackend, ProgressFn
+from wcached.memory.base import MAX_RUN_BYTES, MemoryBackend, ProgressFn, preadv_full
 from wcached.protocol.messages import Manifest, SegmentInfo, TensorInfo
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -81,9 +81,9 @@ def _load_weight_map(index: Path) -> dict[str, str]:
     try:
         weight_map = json.loads(index.read_text())["weight_map"]
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise FillError(f"{index}: not a safetensors index ({e})") from None
+        raise CheckpointCorrupt(f"{index}: not a safetensors index ({e})") from None
     if not isinstance(weight_map, dict) or not weight_map:
-        raise FillError(f"{index}: weight_map is empty or not a table")
+        raise CheckpointCorrupt(f"{index}: weight_map is empty or not a table")
     return weight_map
 
 
@@ -91,7 +91,7 @@ def _shards(index: Path, weight_map: dict[str, str]) -> list[str]:
     files = [str(index.parent / n) for n in sorted(set(weight_map.values()))]
     for f in files:
         if not os.path.isfile(f):
-            raise FillError(f"{index}: shard {f} does not exist")
+            raise CheckpointCorrupt(f"{index}: shard {f} does not exist")
     return files
 
 
@@ -104,10 +104,10 @@ def checkpoint_files(path: str) -> list[str]:
     if p.is_file():
         return [str(p)]
     if not p.is_dir():
-        raise FillError(f"checkpoint {path} does not exist")
+        raise CheckpointMissing(f"checkpoint {path} does not exist")
     files = sorted(str(f) for f in p.glob("*.safetensors"))
     if not files:
-        raise FillError(f"checkpoint directory {path} holds no *.safetensors files")
+        raise FillMisconfigured(f"checkpoint directory {path} holds no *.safetensors files")
     return files
 
 
@@ -125,17 +125,17 @@ def read_checkpoint(path: str) -> Checkpoint:
         files.append(cf)
         for t in stored:
             if t.name in seen:
-                raise FillError(f"{file}: tensor {t.name!r} is also stored in {seen[t.name]}")
+                raise CheckpointCorrupt(f"{file}: tensor {t.name!r} is also stored in {seen[t.name]}")
             seen[t.name] = file
             tensors.append(t)
     for name, shard in (weight_map or {}).items():
         where = seen.get(name)
         if where is None:
-            raise FillError(f"{index}: tensor {name!r} is listed for {shard} but stored nowhere")
+            raise CheckpointCorrupt(f"{index}: tensor {name!r} is listed for {shard} but stored nowhere")
         if os.path.basename(where) != os.path.basename(shard):
-            raise FillError(f"{index}: tensor {name!r} is listed for {shard} but stored in {where}")
+            raise CheckpointCorrupt(f"{index}: tensor {name!r} is listed for {shard} but stored in {where}")
     if not tensors:
-        raise FillError(f"checkpoint {path} holds no tensors")
+        raise FillMisconfigured(f"checkpoint {path} holds no tensors")
     return Checkpoint(str(path), files, tensors)
 
 
@@ -145,19 +145,26 @@ def _read_header(file: str) -> tuple[CheckpointFile, list[StoredTensor]]:
             st = os.fstat(f.fileno())
             size = st.st_size
             if size < 8:
-                raise FillError(f"{file}: truncated: {size} bytes, not even a header length")
+                raise CheckpointCorrupt(f"{file}: truncated: {size} bytes, not even a header length")
             (hlen,) = struct.unpack("<Q", f.read(8))
             if hlen > MAX_HEADER_BYTES or 8 + hlen > size:
-                raise FillError(f"{file}: truncated or corrupt: header of {hlen} bytes in a {size}-byte file")
+                raise CheckpointCorrupt(
+                    f"{file}: truncated or corrupt: header of {hlen} bytes in a {size}-byte file"
+                )
             header = f.read(hlen)
+    except PermissionError:
+        from wcached.daemon.lock import user_name
+
+        user = user_name(os.geteuid())
+        raise FillMisconfigured(f"{file} cannot be read by user {user!r} (the daemon's)") from None
     except OSError as e:
         raise FillError(f"{file}: cannot read: {e}") from None
     try:
         doc = json.loads(header)
     except ValueError as e:
-        raise FillError(f"{file}: corrupt header: {e}") from None
+        raise CheckpointCorrupt(f"{file}: corrupt header: {e}") from None
     if not isinstance(doc, dict):
-        raise FillError(f"{file}: corrupt header: not a JSON object")
+        raise CheckpointCorrupt(f"{file}: corrupt header: not a JSON object")
     data_base = 8 + hlen
     stored: list[StoredTensor] = []
     for name, entry in doc.items():
@@ -175,20 +182,20 @@ def _parse_entry(file: str, name: str, entry: object, data_base: int, size: int)
         shape = tuple(int(d) for d in entry["shape"])
         begin, end = (int(x) for x in entry["data_offsets"])
     except (AssertionError, KeyError, TypeError, ValueError):
-        raise FillError(f"{file}: tensor {name!r}: malformed header entry {entry!r}") from None
+        raise CheckpointCorrupt(f"{file}: tensor {name!r}: malformed header entry {entry!r}") from None
     dtype = DTYPES.get(dtype_name)
     if dtype is None:
-        raise FillError(f"{file}: tensor {name!r}: unsupported dtype {dtype_name!r}")
+        raise CheckpointCorrupt(f"{file}: tensor {name!r}: unsupported dtype {dtype_name!r}")
     if any(d < 0 for d in shape):
-        raise FillError(f"{file}: tensor {name!r}: negative dimension in shape {list(shape)}")
+        raise CheckpointCorrupt(f"{file}: tensor {name!r}: negative dimension in shape {list(shape)}")
     nbytes = math.prod(shape) * dtype.itemsize
     if end - begin != nbytes or begin < 0:
-        raise FillError(
+        raise CheckpointCorrupt(
             f"{file}: tensor {name!r}: data_offsets [{begin}, {end}] hold {end - begin} bytes, "
             f"but {dtype_name}{list(shape)} needs {nbytes}"
         )
     if data_base + end > size:
-        raise FillError(
+        raise CheckpointCorrupt(
             f"{file}: truncated: tensor {name!r} needs bytes up to {data_base + end}, the file has {size}"
         )
     return StoredTensor(name, file, dtype, shape, data_base + begin, nbytes)
@@ -250,9 +257,11 @@ class SafetensorsLoader:
         names = {t.name for t in ckpt.tensors}
         for alias, target in model.aliases.items():
             if alias in names:
-                raise FillError(f"model {model.name!r}: alias {alias!r} is itself a stored tensor")
+                raise FillMisconfigured(f"model {model.name!r}: alias {alias!r} is itself a stored tensor")
             if target not in names:
-                raise FillError(f"model {model.name!r}: alias {alias!r} names missing tensor {target!r}")
+                raise FillMisconfigured(
+                    f"model {model.name!r}: alias {alias!r} names missing tensor {target!r}"
+                )
 
         out_dtypes = [self._out_dtype(model, t.dtype) for t in ckpt.tensors]
         out_sizes = [math.prod(t.shape) * d.itemsize for t, d in zip(ckpt.tensors, out_dtypes, strict=True)]
@@ -385,7 +394,7 @@ def _split_streams(runs: list[list[int]], sizes: list[int], count: int) -> list[
 
 def _check_complete(t: StoredTensor, got: int) -> None:
     if got < t.nbytes:
-        raise FillError(
+        raise CheckpointCorrupt(
             f"{t.file}: truncated: tensor {t.name!r} ended after {max(got, 0)} of {t.nbytes} bytes"
         )
 
@@ -429,9 +438,9 @@ def _cast(fd: int, t: StoredTensor, out: Dtype) -> memoryview:
     import torch
 
     raw = bytearray(t.nbytes)
-    got = os.preadv(fd, [raw], t.data_start)
-    if got != t.nbytes:
-        raise FillError(f"{t.file}: truncated: tensor {t.name!r} ended after {got} of {t.nbytes} bytes")
+    # Read until whole: one read returns at most 2,147,479,552 bytes on
+    # Linux, and large embeddings are bigger than that.
+    _check_complete(t, preadv_full(fd, [memoryview(raw)], t.data_start))
     if t.nbytes == 0:
         return memoryview(b"")
     src = torch.frombuffer(raw, dtype=getattr(torch, t.dtype.torch))

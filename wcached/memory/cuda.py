@@ -22,7 +22,7 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from wcached.errors import DeviceError, OutOfMemory, ProtocolError
+from wcached.errors import DeviceError, DeviceNotReady, OutOfMemory, ProtocolError
 from wcached.memory.base import MAX_RUN_BYTES, Hasher, MemoryBackend, SegmentWriter, preadv_full
 
 if TYPE_CHECKING:
@@ -54,9 +54,9 @@ def driver() -> Any:
             try:
                 (err,) = cu.cuInit(0)
             except Exception as e:  # the driver library itself is missing
-                raise DeviceError(f"CUDA driver not available: {e}") from None
+                raise DeviceNotReady(f"CUDA driver not available: {e}") from None
             if err != cu.CUresult.CUDA_SUCCESS:
-                raise DeviceError(f"cuInit failed: {_error_name(cu, err)}")
+                raise DeviceNotReady(f"cuInit failed: {_error_name(cu, err)}")
             _initialized = True
     return cu
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import msgspec
 
-from wcached.errors import FillError
+from wcached.errors import FillMisconfigured
 from wcached.loaders.base import EnvironmentUnknown, ModelConfig
 
 if TYPE_CHECKING:
@@ -92,7 +92,7 @@ class VllmModel(ModelConfig, tag="vllm", frozen=True, kw_only=True):
         names = (device.instance_id, *device.aliases)
         found = {self.ranks[n] for n in names if n in self.ranks}
         if len(found) > 1:
-            raise FillError(
+            raise FillMisconfigured(
                 f"model {self.name!r}: ranks gives instance {device.instance_id} several ranks "
                 f"({sorted(found)}) under its different names"
             )
@@ -110,7 +110,7 @@ class VllmModel(ModelConfig, tag="vllm", frozen=True, kw_only=True):
         digits = "".join(ch for ch in instance if ch.isdigit())
         if instance.startswith("cpu") and digits:
             return int(digits)
-        raise FillError(f"model {self.name!r}: no rank for instance {instance} (set model.ranks)")
+        raise FillMisconfigured(f"model {self.name!r}: no rank for instance {instance} (set model.ranks)")
 
     def stall_hint(self) -> str:
         if self.world_size > 1:

@@ -39,7 +39,7 @@ from typing import Any
 
 import xxhash
 
-from wcached.errors import FillError, UnservableModel
+from wcached.errors import FillError, FillMisconfigured, UnservableModel
 from wcached.keys import CacheKey
 from wcached.loaders.layout import FilledModel, PhaseClock, alias_entries, fill_segments_in_order, plan_layout
 from wcached.loaders.safetensors import DIGEST_ALGORITHM
@@ -95,7 +95,7 @@ def _without_post_processing() -> Iterator[None]:
     from vllm.model_executor.model_loader import base_loader
 
     if not hasattr(base_loader, "process_weights_after_loading"):
-        raise FillError(
+        raise FillMisconfigured(
             "this vLLM's BaseModelLoader.load_model does not call process_weights_after_loading "
             "where wcached can leave it out; the loaded form cannot be exported"
         )
@@ -130,7 +130,7 @@ def build_model(model: VllmModel, instance: str, device_type: str) -> BuiltModel
     known = set(EngineArgs.__dataclass_fields__)
     unknown = sorted(set(model.engine_args) - known)
     if unknown:
-        raise FillError(f"model {model.name!r}: unknown vLLM engine_args {unknown}")
+        raise FillMisconfigured(f"model {model.name!r}: unknown vLLM engine_args {unknown}")
     extra: dict[str, Any] = dict(model.engine_args)
     if model.role == "draft":
         # Built as vLLM builds a speculative draft (its runner type).
@@ -156,7 +156,7 @@ def build_model(model: VllmModel, instance: str, device_type: str) -> BuiltModel
     rank = model.rank_of(instance)
     world = tp * pp
     if world > 1 and not model.rendezvous:
-        raise FillError(f"model {model.name!r}: tensor/pipeline parallel needs model.rendezvous")
+        raise FillMisconfigured(f"model {model.name!r}: tensor/pipeline parallel needs model.rendezvous")
     init_method = model.rendezvous or f"tcp://127.0.0.1:{_free_port()}"
     if world > 1 and _is_loopback(init_method):
         # The ranks are instances on this host: gloo and NCCL talk over
