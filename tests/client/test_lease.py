@@ -112,3 +112,58 @@ def test_a_daemon_that_times_out_while_coming_back_is_waited_for(work: Path, ckp
         d.stop()
         d.notify.close()
     assert not a.watch.watching
+
+
+def test_a_lease_on_a_socket_numbered_over_1024_is_followed(work: Path, ckpt: Path) -> None:
+    """Engines hold thousands of fds: the watcher must follow a connection
+    whose fd select() could not take."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2048:
+        pytest.skip(f"RLIMIT_NOFILE hard limit {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2048), hard))
+    filler = []
+    cfg = tied_model_config(work, ckpt, "64KiB")
+    d = _up(cfg)
+    try:
+        while not filler or filler[-1] < 1100:
+            filler.append(os.open("/dev/null", os.O_RDONLY))
+        a = attach("default", "cpu0", socket_dir=d.socket_dir)
+        assert a.connection.sock.fileno() > 1024
+        d = _restarted(d, cfg)
+        _wait_reattached(a)
+        a.close()
+    finally:
+        for fd in filler:
+            os.close(fd)
+        d.stop()
+        d.notify.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_daemon_away_too_long_is_a_warning_and_its_return_too(
+    work: Path, ckpt: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from wcached.client import lease
+
+    monkeypatch.setattr(lease, "WARN_AFTER_S", 0.5)
+    cfg = tied_model_config(work, ckpt, "64KiB")
+    d = _up(cfg)
+    a = attach("default", "cpu0", socket_dir=d.socket_dir)
+    try:
+        with caplog.at_level(logging.INFO, "wcached.client"):
+            d.stop(signal.SIGKILL)
+            d.notify.close(keep_store=True)
+            deadline = time.monotonic() + 10
+            while not any("is not back after" in r.getMessage() for r in caplog.records):
+                assert time.monotonic() < deadline, [r.getMessage() for r in caplog.records]
+                time.sleep(0.05)
+            d = _up(cfg, store_from=d)
+            _wait_reattached(a)
+        warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        assert len(warnings) == 2 and "attached again" in warnings[1], warnings
+    finally:
+        a.close()
+        d.stop()
+        d.notify.close()

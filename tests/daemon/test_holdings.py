@@ -56,10 +56,10 @@ def _fill(h: Holdings) -> None:
         h.filled(HeldModel(filled.manifest, filled.fds, filled.fill_seconds))
 
 
-def _listened(listener: NotifyListener) -> dict[str, int]:
+def _listened(listener: NotifyListener) -> list[tuple[str, int]]:
     """The store as the next start gets it (LISTEN_FDS: its own copies)."""
     listener.drain()
-    return {name: os.dup(fd) for name, fd in listener.store}
+    return [(name, os.dup(fd)) for name, fd in listener.store]
 
 
 def _states(h: Holdings) -> dict[str, str]:
@@ -169,7 +169,9 @@ def test_a_record_without_its_segments_is_stale(listener: NotifyListener, ckpt: 
     _fill(h)
     h.close()
     listened = _listened(listener)
-    os.close(listened.pop(fd_name("default", "seg1")))
+    (seg1,) = [fd for name, fd in listened if name == fd_name("default", "seg1")]
+    os.close(seg1)
+    listened = [(name, fd) for name, fd in listened if fd != seg1]
     again = _holdings(listener, _model(ckpt))
     again.restore(listened)
     assert _states(again) == {"default": "stale"}
@@ -238,3 +240,68 @@ def test_unit_file_budget_matches_the_daemons_default() -> None:
     unit = (REPO / "debian" / "wcached@.service").read_text()
     assert f"FileDescriptorStoreMax={UNIT_FDSTORE_MAX}\n" in unit
     assert "FileDescriptorStorePreserve=yes\n" in unit
+
+
+def test_a_loader_environment_that_cannot_be_told_now_is_away(
+    listener: NotifyListener, ckpt: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker's interpreter on a mount not up yet: neither the same nor
+    changed, so the stored fill stays in the store."""
+    from wcached.daemon import provenance
+    from wcached.loaders.base import EnvironmentUnknown
+
+    h = _holdings(listener, _model(ckpt))
+    _fill(h)
+    h.close()
+    stored = listener.stored_names()
+
+    class Unreachable:
+        def environment(self, model, python):
+            raise EnvironmentUnknown(f"cannot ask {python} for its vLLM release: no such file")
+
+    monkeypatch.setattr(provenance, "get_loader", lambda name: Unreachable())
+    again = _holdings(listener, _model(ckpt))
+    again.restore(_listened(listener))
+    assert _states(again) == {"default": "away"}
+    assert "cannot ask" in again.slots["default"].reason
+    assert listener.stored_names() == stored
+    again.close()
+
+
+def test_refilling_a_model_whose_old_fill_is_in_the_store_replaces_it(
+    listener: NotifyListener, ckpt: Path
+) -> None:
+    """An away model comes back changed: the fill's store replaces the old
+    entries (one set of names, the budget counting it once)."""
+    h = _holdings(listener, _model(ckpt))
+    _fill(h)
+    h.close()
+    shard = sorted(ckpt.glob("*.safetensors"))[0]
+    away = ckpt.with_name("ckpt.away")
+    ckpt.rename(away)
+    again = _holdings(listener, _model(ckpt))
+    again.restore(_listened(listener))
+    assert _states(again) == {"default": "away"}
+    away.rename(ckpt)
+    os.utime(shard, ns=(shard.stat().st_atime_ns, shard.stat().st_mtime_ns + 1))
+    _fill(again)  # (the daemon would exit 69 first; its retry fills like this)
+    names = listener.stored_names()
+    assert len(names) == len(set(names)) == again.store.used
+    again.close()
+
+
+def test_a_name_stored_twice_is_served_from_neither(listener: NotifyListener, ckpt: Path) -> None:
+    """A removal that never reached systemd, then a refill: two fds under one
+    name. Which is whose cannot be told, so the model is refilled (and both
+    leave the store, as systemd removes every fd of a name)."""
+    h = _holdings(listener, _model(ckpt))
+    _fill(h)
+    h.close()
+    listened = _listened(listener)
+    name, fd = listened[-1]
+    listened.append((name, os.dup(fd)))
+    again = _holdings(listener, _model(ckpt))
+    again.restore(listened)
+    assert _states(again) == {"default": "stale"}
+    assert "twice" in again.slots["default"].reason
+    assert listener.stored_names() == []

@@ -101,3 +101,49 @@ def test_the_watchdog_is_fed_only_while_the_socket_answers(work: Path, cpu_confi
     finally:
         d.stop()
         d.notify.close()
+
+
+def test_a_ping_a_full_queue_dropped_stays_due(work: Path) -> None:
+    """WATCHDOG=1 never waits, but one the queue did not take is sent on the
+    main loop's next turn, not half a WatchdogSec later (when systemd would
+    already have killed the daemon)."""
+    listener = NotifyListener(work)
+    notifier = Notifier({"NOTIFY_SOCKET": listener.path, "WATCHDOG_USEC": "30000000"})
+    senders = _fill_queue(listener.path)
+    try:
+        assert notifier.watchdog_due()
+        notifier.ping_watchdog()  # dropped: the queue is full
+        assert notifier.watchdog_due()
+        listener.drain()
+        notifier.ping_watchdog()
+        assert not notifier.watchdog_due()
+        listener.drain()
+        assert "WATCHDOG=1" in listener.messages
+    finally:
+        for s in senders:
+            s.close()
+        listener.close()
+
+
+def test_the_liveness_probe_is_served_when_every_slot_is_a_lease(work: Path, sharded_ckpt: Path) -> None:
+    """Leases hold their connection threads for good: with max_clients of
+    them attached, the daemon's own probe is still answered, so a daemon
+    full of engines is not restarted by its watchdog."""
+    from tests.helpers import tied_model_config
+    from wcached.client import attach
+
+    cfg = tied_model_config(work, sharded_ckpt, "64KiB", max_clients=1)
+    d = start_daemon(cfg, env={"WATCHDOG_USEC": "1000000"})
+    try:
+        wait_ready(d, 60)
+        with attach("default", "cpu0", socket_dir=d.socket_dir):
+            time.sleep(2.0)  # an answer from before the lease ages out
+            d.notify.drain()
+            before = sum(m == "WATCHDOG=1" for m in d.notify.messages)
+            time.sleep(2.0)
+            d.notify.drain()
+            assert sum(m == "WATCHDOG=1" for m in d.notify.messages) - before >= 2, d.log()
+            assert "does not answer" not in d.log()
+    finally:
+        d.stop()
+        d.notify.close()

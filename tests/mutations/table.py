@@ -150,7 +150,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "nothing restored from the store",
         "wcached/daemon/service.py",
         "        stored = listen_fds()\n",
-        "        stored = listen_fds() and {}\n",
+        "        stored = listen_fds() and []\n",
         ("tests/daemon/test_restore.py::test_restart_restores_without_reading_the_checkpoint",),
     ),
     Mutation(
@@ -336,5 +336,33 @@ MUTATIONS: tuple[Mutation, ...] = (
         "    _check_complete(t, preadv_full(fd, [memoryview(raw)], t.data_start))",
         "    _check_complete(t, os.preadv(fd, [raw], t.data_start))",
         ("tests/test_verify.py::test_tensors_over_2_gib_fill_cast_and_verify",),
+    ),
+    Mutation(
+        "the daemon's own liveness probe is refused when every slot is a lease",
+        "wcached/daemon/server.py",
+        "            if full and self._is_own_probe(conn):",
+        "            if False:",
+        ("tests/daemon/test_systemd.py::test_the_liveness_probe_is_served_when_every_slot_is_a_lease",),
+    ),
+    Mutation(
+        "the lease watcher uses select()",
+        "wcached/client/lease.py",
+        "        sel = selectors.DefaultSelector()",
+        "        sel = selectors.SelectSelector()",
+        ("tests/client/test_lease.py::test_a_lease_on_a_socket_numbered_over_1024_is_followed",),
+    ),
+    Mutation(
+        "a dropped watchdog ping is not sent again until the next interval",
+        "wcached/daemon/systemd.py",
+        '        if self.notify("WATCHDOG=1"):\n            self._last_ping = time.monotonic()',
+        '        self._last_ping = time.monotonic()\n        self.notify("WATCHDOG=1")',
+        ("tests/daemon/test_systemd.py::test_a_ping_a_full_queue_dropped_stays_due",),
+    ),
+    Mutation(
+        "a name stored twice is served",
+        "wcached/daemon/holdings.py",
+        "        if entry.duplicated:\n",
+        "        if False:\n",
+        ("tests/daemon/test_holdings.py::test_a_name_stored_twice_is_served_from_neither",),
     ),
 )

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
-import select
+import selectors
 import socket
 import threading
 import time
@@ -51,6 +51,8 @@ FIRST_RETRY_S = 0.05
 RETRY_MAX_S = 2.0
 # A daemon away this long is no routine restart any more: warn (once).
 WARN_AFTER_S = 30.0
+# Each attempt to attach again, at most (connect, hello, attach).
+REATTACH_TIMEOUT_S = 5.0
 
 
 def _transient(e: BaseException) -> bool:
@@ -76,6 +78,10 @@ class LeaseWatch:
         # Followed by the watcher: False once stopped or given up.
         self.watching = True
         _Watcher.get().add(self)
+
+    @property
+    def name(self) -> str:
+        return self.attachment.manifest.model
 
     def stop(self) -> None:
         self.stopped = True
@@ -121,7 +127,10 @@ class LeaseWatch:
         path = self.attachment.connection.path
         conn: DaemonConnection | None = None
         try:
-            conn = DaemonConnection(path, timeout=self.attachment.connection.timeout, client=self.client)
+            # Short: one daemon slow to come back must not hold up the
+            # process's other leases, which this same thread follows.
+            timeout = min(self.attachment.connection.timeout, REATTACH_TIMEOUT_S)
+            conn = DaemonConnection(path, timeout=timeout, client=self.client)
             reply = conn.request(Attach(model=name, expect=self.expect))
             same = False
             if isinstance(reply, Attached):
@@ -185,7 +194,8 @@ class _Watcher:
     @classmethod
     def get(cls) -> _Watcher:
         with cls._instance_lock:
-            if cls._instance is None or cls._instance._pid != os.getpid():
+            inst = cls._instance
+            if inst is None or inst._pid != os.getpid() or not inst._thread.is_alive():
                 # (A forked child gets a watcher of its own.)
                 cls._instance = cls()
             return cls._instance
@@ -217,46 +227,72 @@ class _Watcher:
             pass  # a wake-up is pending already
 
     def _run(self) -> None:
+        # epoll, not select(): an engine holds many fds, and select() cannot
+        # watch one numbered 1024 or above.
+        sel = selectors.DefaultSelector()
+        sel.register(self._wake_r, selectors.EVENT_READ)
         while True:
             with self._lock:
                 leases = list(self._leases)
             now = time.monotonic()
-            watching: dict[int, LeaseWatch] = {}
             timeout: float | None = None
+            # By fd: the lease and the very socket (a re-attached lease's new
+            # socket may get the number its closed one had).
+            watched: dict[int, tuple[LeaseWatch, socket.socket]] = {}
             for lease in leases:
-                if lease.lost_at is None:
-                    try:
-                        watching[lease.attachment.connection.sock.fileno()] = lease
-                    except OSError:
-                        continue
-                else:
+                if lease.lost_at is not None:
                     wait = max(0.0, lease.retry_at - now)
                     timeout = wait if timeout is None else min(timeout, wait)
-            fds = [self._wake_r, *[fd for fd in watching if fd >= 0]]
-            try:
-                ready, _, _ = select.select(fds, [], [], timeout)
-            except (OSError, ValueError):
-                ready = []  # a socket closed under us: look again
-                time.sleep(0.01)
-            if self._wake_r in ready:
-                try:
-                    while os.read(self._wake_r, 64):
-                        pass
-                except BlockingIOError:
-                    pass
-            now = time.monotonic()
-            for fd in ready:
-                lease = watching.get(fd)
-                if lease is None or lease.stopped:
                     continue
-                ended = lease.ended()
-                if ended:
-                    lease.lost(now)
-                elif ended is None:
-                    self.remove(lease)
+                sock = lease.attachment.connection.sock
+                if sock.fileno() >= 0:
+                    watched[sock.fileno()] = (lease, sock)
+            for key in list(sel.get_map().values()):
+                if key.fd == self._wake_r:
+                    continue
+                now_there = watched.get(key.fd)
+                if now_there is None or now_there[1] is not key.data[1]:
+                    sel.unregister(key.fd)  # (a closed fd's removal error is ignored)
+            for fd, data in watched.items():
+                if fd not in sel.get_map():
+                    sel.register(fd, selectors.EVENT_READ, data)
+            try:
+                events = sel.select(timeout)
+            except OSError:
+                events = []
+                time.sleep(0.05)  # an fd closed under us: look again
+            for key, _ in events:
+                if key.fd == self._wake_r:
+                    try:
+                        while os.read(self._wake_r, 64):
+                            pass
+                    except BlockingIOError:
+                        pass
+                    continue
+                self._guarded(key.data[0], self._check_ended)
+            now = time.monotonic()
             for lease in leases:
                 if lease.stopped or lease.lost_at is None or lease.retry_at > now:
                     continue
-                if lease.try_again(now):
-                    if lease.lost_at is not None:  # given up
-                        self.remove(lease)
+                self._guarded(lease, lambda lease, now=now: self._retry(lease, now))
+
+    def _check_ended(self, lease: LeaseWatch) -> None:
+        if lease.stopped:
+            return
+        ended = lease.ended()
+        if ended:
+            lease.lost(time.monotonic())
+        elif ended is None:
+            self.remove(lease)
+
+    def _retry(self, lease: LeaseWatch, now: float) -> None:
+        if lease.try_again(now) and lease.lost_at is not None:  # given up
+            self.remove(lease)
+
+    def _guarded(self, lease: LeaseWatch, step) -> None:
+        """One lease's trouble ends its watch, never the watcher's."""
+        try:
+            step(lease)
+        except Exception:
+            log.exception("wcached: watching the lease on %s failed; no longer watching it", lease.name)
+            self.remove(lease)

@@ -80,8 +80,9 @@ def parse_fd_name(name: str) -> tuple[str, str] | None:
     return unquote(parts[1]), parts[2]
 
 
-def listen_fds(env: dict[str, str] | None = None) -> dict[str, int]:
-    """The fds systemd passed to this process, by name (sd_listen_fds_with_names).
+def listen_fds(env: dict[str, str] | None = None) -> list[tuple[str, int]]:
+    """The fds systemd passed to this process, with their names
+    (sd_listen_fds_with_names), in the order passed.
 
     The variables are removed so that no child (the loader worker) takes them
     for its own; the fds are made close-on-exec for the same reason.
@@ -96,19 +97,15 @@ def listen_fds(env: dict[str, str] | None = None) -> dict[str, int]:
     for var in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
         env.pop(var, None)
     if pid != os.getpid() or count <= 0:
-        return {}
-    found: dict[str, int] = {}
+        return []
+    found: list[tuple[str, int]] = []
     for i in range(count):
         fd = LISTEN_FDS_START + i
         try:
             fcntl.fcntl(fd, fcntl.F_SETFD, fcntl.FD_CLOEXEC)
         except OSError:
             continue
-        name = names[i] if i < len(names) else "unknown"
-        if name in found:
-            os.close(fd)  # two fds under one name: keep the first
-            continue
-        found[name] = fd
+        found.append((names[i] if i < len(names) else "unknown", fd))
     return found
 
 
@@ -153,6 +150,9 @@ class StoredEntry:
     record_fd: int | None = None
     segment_fds: dict[int, int] = field(default_factory=dict)
     names: list[str] = field(default_factory=list)
+    # A name the store holds twice (a removal that did not reach systemd,
+    # then a refill): which fd is whose cannot be told, so none is served.
+    duplicated: str = ""
 
     def close_record(self) -> None:
         if self.record_fd is not None:
@@ -168,20 +168,25 @@ class StoredEntry:
         self.segment_fds = {}
 
 
-def group_by_model(fds: dict[str, int]) -> tuple[dict[str, StoredEntry], list[str]]:
+def group_by_model(fds: list[tuple[str, int]]) -> tuple[dict[str, StoredEntry], list[str]]:
     """Stored fds by model; names this daemon does not know come back to be
     removed from the store (their fds are closed here)."""
     entries: dict[str, StoredEntry] = {}
     unknown: list[str] = []
-    for name, fd in fds.items():
+    for name, fd in fds:
         parsed = parse_fd_name(name)
         part = parsed[1] if parsed else ""
         seg = part[3:] if part.startswith("seg") else ""
         if parsed is None or not (part == MANIFEST_PART or seg.isdigit()):
             os.close(fd)
-            unknown.append(name)
+            if name not in unknown:
+                unknown.append(name)
             continue
         entry = entries.setdefault(parsed[0], StoredEntry(parsed[0]))
+        if name in entry.names:
+            os.close(fd)
+            entry.duplicated = name
+            continue
         entry.names.append(name)
         if part == MANIFEST_PART:
             entry.record_fd = fd
@@ -259,16 +264,19 @@ class FdStore:
 
     def remove_model(self, model: str) -> None:
         """Everything ``model`` holds in the store leaves it (once
-        systemd closes its copies, the memory is freed)."""
-        self._send_removals(self._held.pop(model, []))
+        systemd closes its copies, the memory is freed). Names whose removal
+        did not reach systemd stay counted: they are still there."""
+        left = self._send_removals(self._held.pop(model, []))
+        if left:
+            self._held[model] = left
 
     def remove(self, names: list[str]) -> None:
         """Entries of no configured model (unknown names, leftovers)."""
         self._send_removals(names)
 
-    def _send_removals(self, names: list[str]) -> None:
-        for name in names:
-            self.notifier.notify("FDSTOREREMOVE=1", f"FDNAME={name}", wait=True)
+    def _send_removals(self, names: list[str]) -> list[str]:
+        """The names whose removal could not be sent."""
+        return [n for n in names if not self.notifier.notify("FDSTOREREMOVE=1", f"FDNAME={n}", wait=True)]
 
 
 def _budget_fix(total_bytes: int, free: int) -> str:

@@ -48,7 +48,7 @@ from wcached.daemon.fdstore import (
     group_by_model,
     read_record,
 )
-from wcached.daemon.provenance import CheckpointAway, NotRestorable, Provenance
+from wcached.daemon.provenance import CheckpointAway, EnvironmentAway, NotRestorable, Provenance
 from wcached.daemon.state import HeldModel
 from wcached.device import Device
 from wcached.errors import UnknownModel, WcacheError
@@ -90,7 +90,7 @@ class Holdings:
 
     # -- at start: what the store kept -----------------------------------
 
-    def restore(self, listened: dict[str, int]) -> None:
+    def restore(self, listened: list[tuple[str, int]]) -> None:
         """Serve again what the store kept and still matches; stale entries
         and those of no configured model leave the store; entries whose
         checkpoint is away stay in it."""
@@ -154,6 +154,8 @@ class Holdings:
     def _held_from(self, slot: Slot, entry: StoredEntry) -> HeldModel:
         """The stored model as held again, or why not. On success the entry's
         segment fds belong to the returned model and its record fd is closed."""
+        if entry.duplicated:
+            raise NotRestorable(f"the store holds {entry.duplicated} twice (an earlier removal was lost)")
         if entry.record_fd is None:
             raise NotRestorable("its record is missing from the store (stopped while storing?)")
         try:
@@ -197,6 +199,8 @@ class Holdings:
             if self.store.enabled:
                 try:
                     slot.provenance = Provenance.take(slot.model, self.python)
+                except EnvironmentAway as e:
+                    log.warning("%s will not be kept in the fd store: %s", m.name, e, extra={"model": m.name})
                 except CheckpointAway:
                     pass  # the fill's path check says what is wrong, at once
                 except NotRestorable as e:

@@ -41,6 +41,11 @@ class CheckpointAway(Exception):
     the same nor changed. The message says which path and why."""
 
 
+class EnvironmentAway(CheckpointAway):
+    """The loader cannot tell its environment now (the worker's interpreter
+    on a mount not up yet, a version query that timed out): not a change."""
+
+
 class Provenance(msgspec.Struct, frozen=True, kw_only=True):
     """What one fill is made from."""
 
@@ -51,8 +56,9 @@ class Provenance(msgspec.Struct, frozen=True, kw_only=True):
 
     @classmethod
     def take(cls, model: ModelConfig, python: str) -> Provenance:
-        """Raises :class:`CheckpointAway` or :class:`NotRestorable` (the
-        loader cannot tell its environment: such a fill is never stored)."""
+        """Raises :class:`CheckpointAway` (the checkpoint, or the loader's
+        environment, cannot be looked at now) or :class:`NotRestorable` (a hub
+        id: nothing to stamp, such a fill is never stored)."""
         if model.accepts_remote_path and not os.path.isabs(model.path):
             raise NotRestorable(f"{model.path} is a hub id, whose files cannot be stamped")
         return cls(
@@ -137,7 +143,7 @@ def loader_environment(model: ModelConfig, python: str) -> str:
     try:
         return get_loader(model.loader).environment(model, python)
     except EnvironmentUnknown as e:
-        raise NotRestorable(str(e)) from None
+        raise EnvironmentAway(str(e)) from None
 
 
 def _stamps_differ(old: Sequence[FileStamp], new: Sequence[FileStamp], path: str) -> str | None:

@@ -45,6 +45,7 @@ class Notifier:
         env = os.environ if env is None else env
         self.address = env.get("NOTIFY_SOCKET") or None
         self._sock: socket.socket | None = None
+        self._connected = False
         if self.address:
             if self.address.startswith("@"):
                 self.address = "\0" + self.address[1:]
@@ -54,6 +55,7 @@ class Notifier:
                 # Connected, poll() reports room in the receiver's queue
                 # (an unconnected datagram socket is always "writable").
                 self._sock.connect(self.address)
+                self._connected = True
             except OSError as e:
                 log.warning("cannot connect to the notify socket %s: %s", self.address, e)
         self.watchdog_interval = _watchdog_interval(env)
@@ -116,6 +118,10 @@ class Notifier:
 
     def _wait_for_room(self, timeout: float) -> None:
         assert self._sock is not None
+        if not self._connected:
+            # Unconnected, the socket always looks writable: poll by time.
+            time.sleep(min(timeout, 0.05))
+            return
         try:
             select.select([], [self._sock], [], timeout)
         except (OSError, ValueError):
@@ -152,10 +158,12 @@ class Notifier:
         )
 
     def ping_watchdog(self) -> None:
+        """WATCHDOG=1, never waiting; a ping a full queue did not take stays
+        due, so the caller's next turn sends it (not half an interval on)."""
         if self.watchdog_interval is None:
             return
-        self._last_ping = time.monotonic()
-        self.notify("WATCHDOG=1")
+        if self.notify("WATCHDOG=1"):
+            self._last_ping = time.monotonic()
 
 
 def _watchdog_interval(env: dict[str, str]) -> float | None:
