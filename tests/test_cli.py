@@ -114,33 +114,45 @@ def test_status_says_when_the_socket_directory_cannot_be_read(work: Path) -> Non
     assert r.returncode == 3 and json.loads(r.stdout) == [], r.stdout + r.stderr
 
 
-def _checkpoint_bytes(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.glob("*.safetensors"))
+def _many_small_tensors(path: Path, count: int) -> Path:
+    """One shard of ``count`` 16-byte tensors: with segment_size 256 (and
+    256-byte alignment) each fills a segment of its own."""
+    import torch
+    from safetensors.torch import save_file
+
+    path.mkdir()
+    save_file({f"t{i}": torch.ones(4) for i in range(count)}, str(path / "model.safetensors"))
+    return path
 
 
-def test_check_config_refuses_a_segment_size_the_fd_store_cannot_keep(
-    work: Path, sharded_ckpt, capsys
-) -> None:
+def test_check_config_refuses_a_segment_size_the_fd_store_cannot_keep(work: Path, capsys) -> None:
     from tests.helpers import write_config
     from wcached.daemon.fdstore import UNIT_FDSTORE_MAX
 
-    total = _checkpoint_bytes(sharded_ckpt)
-    tiny = total // (UNIT_FDSTORE_MAX + 100)  # more segments than the unit's store keeps
+    many = _many_small_tensors(work / "many", UNIT_FDSTORE_MAX + 10)
     cfg = write_config(
         work / "tiny.toml",
-        models=[{"name": "default", "path": str(sharded_ckpt), "segment_size": tiny}],
+        models=[{"name": "default", "path": str(many), "segment_size": 256}],
         daemon={"socket_dir": str(work / "run")},
     )
     assert main(["check-config", "--config", str(cfg)]) == EX_CONFIG
     err = capsys.readouterr().err
-    assert "model[0].segment_size" in err and f"the unit keeps {UNIT_FDSTORE_MAX}" in err, err
+    assert "model[0].segment_size" in err and f"needs {UNIT_FDSTORE_MAX + 11} fds" in err, err
+    assert f"the unit keeps {UNIT_FDSTORE_MAX}" in err
+    # The same tensors in 1 MiB segments: two of them.
+    cfg = write_config(
+        work / "fits.toml",
+        models=[{"name": "default", "path": str(many), "segment_size": "1MiB"}],
+        daemon={"socket_dir": str(work / "run")},
+    )
+    assert main(["check-config", "--config", str(cfg)]) == 0, capsys.readouterr().err
     # Each fits alone; an instance serving both needs more than the store keeps.
-    half = total // (UNIT_FDSTORE_MAX * 2 // 3)
+    half = _many_small_tensors(work / "half", UNIT_FDSTORE_MAX * 2 // 3)
     cfg = write_config(
         work / "two.toml",
         models=[
-            {"name": "a", "path": str(sharded_ckpt), "segment_size": half},
-            {"name": "b", "path": str(sharded_ckpt), "segment_size": half},
+            {"name": "a", "path": str(half), "segment_size": 256},
+            {"name": "b", "path": str(half), "segment_size": 256},
         ],
         daemon={"socket_dir": str(work / "run")},
         instances={"cpu0": {"models": ["a", "b"]}},
@@ -148,9 +160,16 @@ def test_check_config_refuses_a_segment_size_the_fd_store_cannot_keep(
     assert main(["check-config", "--config", str(cfg)]) == EX_CONFIG
     err = capsys.readouterr().err
     assert "instance.cpu0.models" in err and "model[0].segment_size" not in err, err
+
+
+def test_big_tensors_each_take_one_segment_and_are_not_refused(work: Path, sharded_ckpt, capsys) -> None:
+    """A tensor larger than segment_size gets a segment of its own size: the
+    count is the layout's, not the checkpoint's bytes over segment_size."""
+    from tests.helpers import write_config
+
     cfg = write_config(
-        work / "one.toml",
-        models=[{"name": "a", "path": str(sharded_ckpt), "segment_size": half}],
+        work / "w.toml",
+        models=[{"name": "default", "path": str(sharded_ckpt), "segment_size": 16}],
         daemon={"socket_dir": str(work / "run")},
     )
     assert main(["check-config", "--config", str(cfg)]) == 0, capsys.readouterr().err

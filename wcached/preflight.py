@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import pwd
 import stat
+import subprocess
 
 from wcached.config import Config, ModelConfig, check_socket_path, instance_settings
 from wcached.daemon.fdstore import UNIT_FDSTORE_MAX, fds_needed
@@ -58,51 +59,64 @@ def problems(cfg: Config) -> list[str]:
     return found
 
 
-def _store_budget(cfg: Config, limit: int = UNIT_FDSTORE_MAX) -> list[str]:
+def _store_budget(cfg: Config, limit: int | None = None) -> list[str]:
     """Models whose segments could not all be kept in the unit's fd store
     (a restart would refill them): each model alone, and each instance
-    table's models together. Judged from a lower bound of what a fill holds,
-    so that nothing that fits is refused."""
-    least = {m.name: _least_fds(m) for m in cfg.model}
+    table's models together. Counted from the checkpoint's headers by loaders
+    that can tell (safetensors: exactly); a model its loader cannot count
+    before filling (vLLM) is judged when it fills, where the daemon says so."""
+    limit = unit_fdstore_max() if limit is None else limit
+    need = {m.name: _fds_of(m) for m in cfg.model}
+    where = f"the unit keeps {limit} (FileDescriptorStoreMax=)"
     out = []
     for i, m in enumerate(cfg.model):
-        need = least[m.name]
-        if need > limit:
+        if need[m.name] > limit:
             out.append(
-                f"{cfg.source}: key 'model[{i}].segment_size': {m.name!r} needs at least {need} fds in "
-                f"systemd's fd store with segment_size = {m.segment_bytes} bytes, and the unit keeps "
-                f"{limit} (FileDescriptorStoreMax=): a restart would refill it; raise segment_size"
+                f"{cfg.source}: key 'model[{i}].segment_size': {m.name!r} needs {need[m.name]} fds in "
+                f"systemd's fd store with segment_size = {m.segment_bytes} bytes and {where}: a restart "
+                "would refill it; raise segment_size, or FileDescriptorStoreMax= in a drop-in"
             )
     for name, table in cfg.instance.items():
         if table.models is None:
             continue
-        need = sum(least.get(n, 0) for n in table.models)
-        if need > limit and not any(least.get(n, 0) > limit for n in table.models):
+        total = sum(need.get(n, 0) for n in table.models)
+        if total > limit and not any(need.get(n, 0) > limit for n in table.models):
             out.append(
-                f"{cfg.source}: key 'instance.{name}.models': together they need at least {need} fds in "
-                f"systemd's fd store, and the unit keeps {limit} (FileDescriptorStoreMax=): "
-                "raise their segment_size"
+                f"{cfg.source}: key 'instance.{name}.models': together they need {total} fds in "
+                f"systemd's fd store and {where}: raise their segment_size"
             )
     return out
 
 
-def _least_fds(model: ModelConfig) -> int:
-    """The fewest store entries a fill of ``model`` can take; 0 if unknown."""
-    if model.accepts_remote_path and not os.path.isabs(model.path):
+def _fds_of(model: ModelConfig) -> int:
+    """Store entries a fill of ``model`` takes; 0 if its loader cannot tell yet."""
+    from wcached.loaders.base import get_loader
+
+    planned = getattr(get_loader(model.loader), "planned_segments", None)
+    if planned is None or not os.path.exists(model.path):
         return 0
     try:
-        if os.path.isdir(model.path):
-            total = sum(
-                os.path.getsize(os.path.join(model.path, n))
-                for n in os.listdir(model.path)
-                if n.endswith(".safetensors")
-            )
-        else:
-            total = os.path.getsize(model.path)
-    except OSError:
-        return 0  # reported by the readability checks
-    held = model.least_resident_bytes(total)
-    return fds_needed(-(-held // model.segment_bytes)) if held else 0
+        return fds_needed(planned(model))
+    except WcacheError:
+        return 0  # an unreadable or corrupt checkpoint: reported on its own
+
+
+def unit_fdstore_max() -> int:
+    """The packaged unit's FileDescriptorStoreMax= as systemd loads it here
+    (a drop-in for wcached@.service included); the unit file's own value
+    where systemd cannot be asked."""
+    try:
+        r = subprocess.run(
+            ["systemctl", "show", "-p", "FileDescriptorStoreMax", "--value", "wcached@check-config.service"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        value = int(r.stdout.strip())
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return UNIT_FDSTORE_MAX
+    # 0 would mean no unit file is installed here (systemd's default).
+    return value if r.returncode == 0 and value > 0 else UNIT_FDSTORE_MAX
 
 
 def _foreign_files(socket_dir: str) -> list[str]:

@@ -167,13 +167,6 @@ class ModelConfig(
             out.append(("fill_timeout_s", "must be > 0"))
         return out
 
-    def least_resident_bytes(self, checkpoint_bytes: int) -> int:
-        """A lower bound of what one instance holds of a checkpoint of this
-        many bytes (``check-config`` refuses a segment_size whose segments
-        could not all be kept in the fd store, and must never refuse wrongly):
-        a cast to a 16-bit dtype may halve a float32 checkpoint."""
-        return checkpoint_bytes // 2 if self.dtype in ("float16", "bfloat16") else checkpoint_bytes
-
     def for_device(self, device: Device) -> ModelConfig:
         """This table as the worker of ``device``'s instance needs it
         (instance names written the operator's way made canonical)."""

@@ -263,13 +263,7 @@ class SafetensorsLoader:
                     f"model {model.name!r}: alias {alias!r} names missing tensor {target!r}"
                 )
 
-        out_dtypes = [self._out_dtype(model, t.dtype) for t in ckpt.tensors]
-        out_sizes = [math.prod(t.shape) * d.itemsize for t, d in zip(ckpt.tensors, out_dtypes, strict=True)]
-        placements, seg_sizes = plan_layout(
-            ((t.name, n) for t, n in zip(ckpt.tensors, out_sizes, strict=True)),
-            model.segment_bytes,
-            model.alignment,
-        )
+        out_dtypes, placements, seg_sizes = self._layout(model, ckpt)
         digests, writers, fds = fill_segments(
             backend,
             model.name,
@@ -308,11 +302,27 @@ class SafetensorsLoader:
             key=key,
             segments=segments,
             tensors=infos,
-            total_bytes=sum(out_sizes),
+            total_bytes=sum(p.nbytes for p in placements),
             filled_at=time.time(),
             attrs={"digest": DIGEST_ALGORITHM} if model.digest or model.fingerprint == "content" else {},
         )
         return FilledModel(manifest, fds, clock.total(), clock.phases)
+
+    def _layout(self, model: SafetensorsModel, ckpt: Checkpoint):
+        """Each tensor's dtype as filled, its place, and the segments' sizes."""
+        out_dtypes = [self._out_dtype(model, t.dtype) for t in ckpt.tensors]
+        out_sizes = [math.prod(t.shape) * d.itemsize for t, d in zip(ckpt.tensors, out_dtypes, strict=True)]
+        placements, seg_sizes = plan_layout(
+            ((t.name, n) for t, n in zip(ckpt.tensors, out_sizes, strict=True)),
+            model.segment_bytes,
+            model.alignment,
+        )
+        return out_dtypes, placements, seg_sizes
+
+    def planned_segments(self, model: SafetensorsModel) -> int:
+        """How many segments a fill of ``model`` will make, from the
+        checkpoint's headers alone (``check-config``'s fd-store budget)."""
+        return len(self._layout(model, read_checkpoint(model.path))[2])
 
     @staticmethod
     def _out_dtype(model: ModelConfig, stored: Dtype) -> Dtype:

@@ -80,11 +80,6 @@ class VllmModel(ModelConfig, tag="vllm", frozen=True, kw_only=True):
     def world_size(self) -> int:
         return self.tensor_parallel_size * self.pipeline_parallel_size
 
-    def least_resident_bytes(self, checkpoint_bytes: int) -> int:
-        # A rank holds its share; online quantization may take float32 to
-        # 8 bits (a quarter).
-        return checkpoint_bytes // (4 * self.world_size)
-
     def for_device(self, device: Device) -> VllmModel:
         """``ranks`` keyed by the instance's canonical id: operators write the
         name they use (a GPU index, a UUID or cpuN); the worker knows only the
