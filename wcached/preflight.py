@@ -97,7 +97,7 @@ def _fds_of(model: ModelConfig) -> int:
         return 0
     try:
         return fds_needed(planned(model))
-    except WcacheError:
+    except (WcacheError, OSError):
         return 0  # an unreadable or corrupt checkpoint: reported on its own
 
 
