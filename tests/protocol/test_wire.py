@@ -82,6 +82,8 @@ def test_more_fds_than_one_scm_rights_batch(pair) -> None:
     close_fds(fds)
     assert len(got) == 600
     assert [os.read(fd, 1)[0] for fd in got] == [i % 256 for i in range(600)]
+    # Close-on-exec as received: a process the engine spawns gets none.
+    assert all(os.get_inheritable(fd) is False for fd in got)
     close_fds(got)
 
 

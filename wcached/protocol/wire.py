@@ -10,6 +10,7 @@ swallows a marker byte with plain ``recv`` (which would close its fds).
 
 from __future__ import annotations
 
+import array
 import os
 import socket
 import struct
@@ -108,7 +109,7 @@ class Channel:
             while len(fds) < count:
                 self.sock.settimeout(deadline.remaining())
                 want = min(FD_BATCH, count - len(fds))
-                data, got, flags, _ = socket.recv_fds(self.sock, 1, want)
+                data, got, flags = _recv_fd_batch(self.sock, want)
                 fds.extend(got)
                 if not data:
                     raise ProtocolError(f"connection closed after {len(fds)} of {count} fds")
@@ -147,6 +148,18 @@ def close_fds(fds: Sequence[int]) -> None:
             os.close(fd)
         except OSError:
             pass
+
+
+def _recv_fd_batch(sock: socket.socket, want: int) -> tuple[bytes, list[int], int]:
+    """One marker byte and up to ``want`` fds, close-on-exec from the start
+    (an engine that spawns a process must not hand it the weights' memory;
+    socket.recv_fds does not pass its flags on before Python 3.12)."""
+    data, anc, flags, _ = sock.recvmsg(1, socket.CMSG_SPACE(want * 4), socket.MSG_CMSG_CLOEXEC)
+    fds: list[int] = []
+    for level, kind, payload in anc:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds += array.array("i", payload[: len(payload) - len(payload) % 4])
+    return data, fds, flags
 
 
 def connect(path: str, timeout: float | None) -> socket.socket:
