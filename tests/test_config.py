@@ -76,6 +76,8 @@ def test_instance_table_matches_gpu_alias(tmp_path: Path) -> None:
         ),
         ('[instance."cpu0"]\nmodels = ["ghost"]\n', "instance.cpu0.models[0]", "ghost"),
         ('[instance."cpu0"]\ncolour = 1\n', "instance.cpu0.colour", "unknown key"),
+        # A table no instance reads would silently not apply.
+        ('[instance."gpu0"]\nmodels = []\n', "instance.gpu0", "not an instance name"),
         ('[[model]]\nname = "a"\npath = "p"\nextra_key = 1\n', "model[0].extra_key", "unknown key"),
         ("source = 'x'\n", "source", "unknown key"),
         ('[[model]]\nname = "a"\npath = "p"\nread_threads = "many"\n', "model[0].read_threads", "Invalid"),
@@ -222,3 +224,15 @@ def test_metrics_port_plus_index_over_65535_names_the_key(tmp_path: Path) -> Non
         instance_settings(cfg, "cpu2")
     assert e.value.key == "daemon.metrics_port" and str(path) in str(e.value)
     assert "65534 + device index 2 of cpu2 = 65536 is over 65535" in e.value.problem
+
+
+def test_two_tables_naming_one_device_are_a_config_error(tmp_path: Path) -> None:
+    """A GPU's index and its UUID name one device: with a table under each,
+    which applies is not the operator's guess to make."""
+    uuid = "GPU-8d3c0a1e-0000-0000-0000-000000000000"
+    cfg = load_config(
+        _write(tmp_path, f'[instance."0"]\nmax_clients = 4\n[instance."{uuid}"]\nmax_clients = 8\n')
+    )
+    with pytest.raises(ConfigError, match="both name") as e:
+        instance_settings(cfg, uuid, ("0",))
+    assert e.value.key == "instance.0"

@@ -16,6 +16,7 @@ from typing import Literal
 
 import msgspec
 
+from wcached.device import is_instance_name
 from wcached.errors import ConfigError
 from wcached.loaders.base import DEFAULT_LOADER, ModelConfig, loader_names, options_for, parse_size
 
@@ -287,6 +288,13 @@ def _check(cfg: Config, path: str) -> None:
             raise ConfigError(path, f"{key}.name", f"duplicate model name {m.name!r}")
         seen.add(m.name)
     for name, inst in cfg.instance.items():
+        if not is_instance_name(name):
+            # A table no instance would ever read would silently not apply.
+            raise ConfigError(
+                path,
+                f"instance.{name}",
+                "not an instance name: use cpuN, a GPU index such as 0, or a GPU UUID such as GPU-8d3c...",
+            )
         for j, model_name in enumerate(inst.models or []):
             if model_name not in seen:
                 raise ConfigError(path, f"instance.{name}.models[{j}]", f"no [[model]] named {model_name!r}")
@@ -326,11 +334,16 @@ def instance_settings(
     index name (0 for a bare UUID, whose index only NVML knows)."""
     table = InstanceConfig()
     table_name = ""
-    for key in (instance_id, *names):
-        if key in cfg.instance:
-            table = cfg.instance[key]
-            table_name = key
-            break
+    matching = list(dict.fromkeys(k for k in (instance_id, *names) if k in cfg.instance))
+    if len(matching) > 1:
+        raise ConfigError(
+            cfg.source,
+            f"instance.{matching[1]}",
+            f"instance tables {matching[0]!r} and {matching[1]!r} both name {instance_id}: keep one",
+        )
+    if matching:
+        table_name = matching[0]
+        table = cfg.instance[table_name]
     if table.models is None:
         models = tuple(cfg.model)
     else:

@@ -36,6 +36,12 @@ class Device:
         return "host" if self.kind == "cpu" else "cuda"
 
 
+def is_instance_name(name: str) -> bool:
+    """Whether ``name`` could name an instance (cpuN, a GPU index, a GPU or
+    MIG UUID), without asking NVML whether that device is there."""
+    return bool(_CPU_RE.match(name) or _INDEX_RE.match(name) or _UUID_RE.match(name))
+
+
 def resolve_instance(name: str, isolated: bool = False) -> Device:
     """Resolve an instance name as given on the command line or in a unit.
 

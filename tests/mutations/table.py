@@ -365,4 +365,25 @@ MUTATIONS: tuple[Mutation, ...] = (
         "        if False:\n",
         ("tests/daemon/test_holdings.py::test_a_name_stored_twice_is_served_from_neither",),
     ),
+    Mutation(
+        "an instance table that names no instance is ignored",
+        "wcached/config.py",
+        "        if not is_instance_name(name):",
+        "        if False:",
+        ("tests/test_config.py::test_mistakes_name_file_and_key",),
+    ),
+    Mutation(
+        "of two tables naming one device, the first silently wins",
+        "wcached/config.py",
+        "    if len(matching) > 1:",
+        "    if False:",
+        ("tests/test_config.py::test_two_tables_naming_one_device_are_a_config_error",),
+    ),
+    Mutation(
+        "received fds are inheritable",
+        "wcached/protocol/wire.py",
+        "socket.CMSG_SPACE(want * 4), socket.MSG_CMSG_CLOEXEC)",
+        "socket.CMSG_SPACE(want * 4))",
+        ("tests/protocol/test_wire.py::test_more_fds_than_one_scm_rights_batch",),
+    ),
 )
