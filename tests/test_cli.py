@@ -114,6 +114,41 @@ def test_status_says_when_the_socket_directory_cannot_be_read(work: Path) -> Non
     assert r.returncode == 3 and json.loads(r.stdout) == [], r.stdout + r.stderr
 
 
+def test_status_of_a_daemon_this_user_may_not_ask_is_unknown_not_down(work: Path, sharded_ckpt) -> None:
+    """An outsider (not in the socket's group) cannot connect: the daemon is
+    serving for all it knows, so "unknown (no access)", exit 4, not "down"."""
+    from tests.helpers import require_other_users, run_as, run_daemon, tied_model_config
+
+    require_other_users()
+    work.chmod(0o755)
+    cfg = tied_model_config(work, sharded_ckpt, "64KiB")
+    cfg.chmod(0o644)
+    with run_daemon(cfg) as d:
+        os.chmod(d.socket_dir, 0o755)  # the directory listable, the socket 0660 root:root
+        argv = [sys.executable, "-m", "wcached", "status", "--config", str(cfg)]
+        r = run_as("nobody", [*argv, "--json"])
+        assert r.returncode == 4, r.stdout + r.stderr
+        (view,) = json.loads(r.stdout)
+        assert view["instance"] == "cpu0" and view["state"] == "unknown", view
+        r = run_as("nobody", argv)
+        assert "unknown (no access)" in r.stdout and " down " not in r.stdout, r.stdout
+
+
+def test_status_with_a_config_mistake_still_lists_the_instances(work: Path, sharded_ckpt, capsys) -> None:
+    from tests.helpers import run_daemon, tied_model_config
+
+    cfg = tied_model_config(work, sharded_ckpt, "64KiB")
+    with run_daemon(cfg) as d:
+        broken = work / "broken.toml"
+        broken.write_text(f'[daemon]\nsocket_dir = "{d.socket_dir}"\nsocket_dri = "typo"\n')
+        # The mistake is said; the sockets of the default directory and the
+        # units are still listed (here: the default directory holds none).
+        rc = main(["status", "--config", str(broken)])
+        out = capsys.readouterr()
+        assert rc == EX_CONFIG
+        assert "daemon.socket_dri" in out.err and "unknown key" in out.err
+
+
 def _many_small_tensors(path: Path, count: int) -> Path:
     """One shard of ``count`` 16-byte tensors: with segment_size 256 (and
     256-byte alignment) each fills a segment of its own."""

@@ -16,6 +16,8 @@ from wcached.errors import EX_CONFIG, WcacheError
 
 # systemctl's convention: 3 = not running.
 EXIT_DOWN = 3
+# status: every instance serves or could not be asked by this user (no access).
+EXIT_UNKNOWN = 4
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,8 +146,17 @@ def _status(args: argparse.Namespace) -> int:
     if args.json_schema:
         print(json.dumps(status_view.json_schema(), indent=2))
         return 0
+    config_error: WcacheError | None = None
     try:
         sdir = _socket_dir(args)
+    except WcacheError as e:
+        # Said, and the instances still shown: the sockets of the default
+        # directory and what systemd knows.
+        from wcached.client.connection import DEFAULT_SOCKET_DIR
+
+        print(f"wcached: {e}", file=sys.stderr)
+        config_error, sdir = e, DEFAULT_SOCKET_DIR
+    try:
         unreadable = _unreadable_dir(sdir)
         if unreadable:
             # Said, and what systemd knows (readable by anyone) still shown.
@@ -161,7 +172,11 @@ def _status(args: argparse.Namespace) -> int:
             print(f"no daemon sockets in {sdir} and no wcached@ units")
     else:
         print(status_view.table(views))
-    return 0 if status_view.all_serving(views) and not unreadable else EXIT_DOWN
+    if config_error is not None:
+        return config_error.exit_status
+    if status_view.all_serving(views) and not unreadable:
+        return 0
+    return EXIT_UNKNOWN if status_view.any_unknown(views) and not unreadable else EXIT_DOWN
 
 
 def _unreadable_dir(sdir: str) -> str:

@@ -214,7 +214,7 @@ models = ["llama-8b"]"""
 
 def command_reference(parser: argparse.ArgumentParser | None = None) -> str:
     from wcached import exits
-    from wcached.cli import EXIT_DOWN, _parser
+    from wcached.cli import EXIT_DOWN, EXIT_UNKNOWN, _parser
 
     parser = parser or _parser()
     out = _header("wcached", 8, "System Administration")
@@ -254,7 +254,8 @@ def command_reference(parser: argparse.ArgumentParser | None = None) -> str:
     out += [
         ".PP",
         ".B status",
-        f"exits {EXIT_DOWN} unless every instance it finds is serving;",
+        f"exits {EXIT_DOWN} unless every instance it finds is serving ({EXIT_UNKNOWN} when the rest "
+        "could not be asked by this user: no access to their sockets);",
         ".B doctor",
         "and",
         ".B verify",

@@ -21,7 +21,7 @@ from typing import Annotated, Literal
 import msgspec
 
 from wcached import exits
-from wcached.errors import WcacheError
+from wcached.errors import PermissionRefused, WcacheError
 from wcached.protocol.messages import ClientStatus, ModelStatus
 
 UNIT_PATTERN = "wcached@*.service"
@@ -38,7 +38,9 @@ RESULT_MEANINGS = {
 }
 
 
-State = Literal["serving", "stopping", "filling", "starting", "restarting", "failed", "stopped", "down"]
+State = Literal[
+    "serving", "stopping", "filling", "starting", "restarting", "failed", "stopped", "down", "unknown"
+]
 
 
 def _doc(text: str) -> msgspec.Meta:
@@ -56,7 +58,8 @@ class InstanceView(msgspec.Struct, kw_only=True):
         State,
         _doc(
             "serving or stopping (the daemon answered); filling, starting, restarting, failed or "
-            "stopped (from its systemd unit); down (a socket or running unit that did not answer)"
+            "stopped (from its systemd unit); down (a socket or running unit that did not answer); "
+            "unknown (this user may not ask the daemon: its socket or its peer check refused)"
         ),
     ]
     device: Annotated[str, _doc('"NVIDIA H200", "host memory"; empty when the daemon did not answer')] = ""
@@ -169,7 +172,9 @@ def exit_meaning(code: str, status: int | None, result: str = "", unit: str = ""
     return exits.meaning(status)
 
 
-def _unit_view(u: UnitInfo, instance_id: str) -> InstanceView:
+def _unit_view(u: UnitInfo, instance_id: str, sockets_seen: bool = True) -> InstanceView:
+    """``sockets_seen``: False when this user cannot list the socket
+    directory, so a running unit's daemon could not be asked at all."""
     state = {"failed": "failed", "inactive": "stopped", "deactivating": "stopping"}.get(u.active_state, "")
     if u.active_state == "activating":
         if u.sub_state == "auto-restart":
@@ -179,7 +184,8 @@ def _unit_view(u: UnitInfo, instance_id: str) -> InstanceView:
         else:
             state = "starting"
     elif u.active_state == "active":
-        state = "down"  # running, yet its socket did not answer
+        # Running, yet its socket did not answer; or never asked: unknown.
+        state = "down" if sockets_seen else "unknown"
     view = InstanceView(
         instance=u.instance,
         instance_id=instance_id,
@@ -242,7 +248,9 @@ def gather(
             with DaemonConnection(path, timeout=timeout, client="wcached status") as conn:
                 reply = conn.status()
         except (WcacheError, OSError) as e:
-            view = InstanceView(instance=only or instance_id, instance_id=instance_id, state="down")
+            # Refused is not down: the daemon may serve others all the same.
+            state = "unknown" if isinstance(e, (PermissionRefused, PermissionError)) else "down"
+            view = InstanceView(instance=only or instance_id, instance_id=instance_id, state=state)
             view.error = resolve_error or str(e)
             views.append(view)
             continue
@@ -262,10 +270,12 @@ def gather(
                 clients=reply.clients,
             )
         )
-    return _with_units(views, units, only)
+    return _with_units(views, units, only, sockets_seen=list_sockets or bool(only))
 
 
-def _with_units(views: list[InstanceView], units: list[UnitInfo], only: str | None) -> list[InstanceView]:
+def _with_units(
+    views: list[InstanceView], units: list[UnitInfo], only: str | None, sockets_seen: bool = True
+) -> list[InstanceView]:
     """Each unit joined to its instance's view, matched by name first (a
     daemon says its index and id, so no NVML is needed for those); a unit
     without one gets a view of its own, as does a second unit of a device
@@ -284,7 +294,7 @@ def _with_units(views: list[InstanceView], units: list[UnitInfo], only: str | No
         if match is None or match in merged:
             if not only and u.active_state == "inactive" and u.result == "success":
                 continue  # stopped on purpose: not news, unless asked for by name
-            extra.append(_unit_view(u, canonical_instance(u.instance)))
+            extra.append(_unit_view(u, canonical_instance(u.instance), sockets_seen))
             continue
         merged.add(match)
         v = views[match]
@@ -302,6 +312,11 @@ def all_serving(views: list[InstanceView]) -> bool:
     return bool(views) and all(v.state == "serving" for v in views)
 
 
+def any_unknown(views: list[InstanceView]) -> bool:
+    """Some instance this user may not ask, and none known to be down."""
+    return any(v.state == "unknown" for v in views) and all(v.state in ("serving", "unknown") for v in views)
+
+
 # -- the table -----------------------------------------------------------------
 
 
@@ -316,7 +331,7 @@ def table(views: list[InstanceView]) -> str:
         models: list[ModelStatus | None] = list(v.models) or [None]
         for i, m in enumerate(models):
             first = i == 0
-            state = v.state if first else ""
+            state = ("unknown (no access)" if v.state == "unknown" else v.state) if first else ""
             if m is not None and m.state != "ready":
                 state = m.state
             rows.append(

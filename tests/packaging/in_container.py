@@ -245,7 +245,11 @@ def main() -> None:
             os.chmod("/run/wcache", 0o750)
             os.chmod("/run/wcache/cpu0.sock", 0o660)
         assert peer.startswith("refused:") and "not allowed" in peer, peer
-        return f"{inside}\n{outside}\n{peer}"
+        # wcached status as that outsider: serving for all it can tell, not down.
+        r = sh("setpriv --reuid=outsider --regid=outsider --init-groups wcached status --json")
+        (view,) = [v for v in json.loads(r.stdout) if v["instance"] == "cpu0"]
+        assert r.returncode == 4 and view["state"] == "unknown", (r.returncode, r.stdout, r.stderr)
+        return f"{inside}\n{outside}\n{peer}\noutsider's status: cpu0 {view['state']}, exit {r.returncode}"
 
     @check("journal_priorities")
     def _():
@@ -308,6 +312,10 @@ def main() -> None:
         assert by_name["cpu0"]["state"] == "serving" and by_name["cpu0"]["unit"] == "wcached@cpu0.service"
         table = sh("wcached status").stdout
         assert "cpu2: exit status 78: a configuration mistake" in table, table
+        # status with the mistaken config: the mistake said, the instances still listed.
+        r = sh("wcached status --config /etc/wcache/broken.toml")
+        assert r.returncode == 78 and "daemon.socket_dri" in r.stderr, (r.returncode, r.stdout, r.stderr)
+        assert "cpu0" in r.stdout and "serving" in r.stdout, r.stdout
         sh("systemctl reset-failed wcached@cpu2")
         return f"ExecMainStatus={status} NRestarts={restarts}; status table:\n{table}"
 
