@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import grp
 import os
+import pwd
 import socket
 import subprocess
 import sys
@@ -70,8 +72,10 @@ def test_planted_problems_are_reported_with_their_fixes(work: Path, sharded_ckpt
     assert "put the checkpoint" not in fix
 
     line, fix = _problem(out, f"socket directory {run}")
-    assert "0777" in line
-    assert fix == f"chown wcache:wcache {run} && chmod 0750 {run}"
+    # The rule serve applies, for the daemon's user (here: nobody).
+    assert "belongs to root, not to the daemon's user nobody" in line, line
+    group = grp.getgrgid(pwd.getpwnam("nobody").pw_gid).gr_name
+    assert fix == f"chown nobody:{group} {run} && chmod 0750 {run}"
     assert out.rstrip().endswith(f"{r.stdout.count('FAIL')} problem(s)")
 
 

@@ -23,6 +23,7 @@ import sys
 from dataclasses import dataclass, field
 
 from wcached import exits
+from wcached.daemon import socket_dir
 from wcached.device import nvml_text
 from wcached.errors import WcacheError
 
@@ -201,7 +202,7 @@ def check_user_access(r: Report, cfg, models: list, user: str) -> None:
             r.fail(f"as user {user}: {line}", "see the line above; wcached check-config --user " + user)
 
 
-def check_socket_dir(r: Report, cfg) -> None:
+def check_socket_dir(r: Report, cfg, user: str = DAEMON_USER) -> None:
     from wcached.daemon.lock import group_name, user_name
 
     sdir = cfg.daemon.socket_dir
@@ -237,17 +238,20 @@ def check_socket_dir(r: Report, cfg) -> None:
     mode = stat.S_IMODE(st.st_mode)
     owner = user_name(st.st_uid)
     group = group_name(st.st_gid)
-    fix = f"chown {DAEMON_USER}:{DAEMON_USER} {quoted} && chmod 0750 {quoted}"
-    if mode & 0o002 or (mode & 0o020 and group != DAEMON_USER):
-        r.fail(
-            f"socket directory {sdir} is {owner}:{group} {mode:04o}: others could plant a socket or lock "
-            "there (the daemon refuses it)",
-            fix,
-        )
-    elif owner not in ("root", DAEMON_USER) and _has_user(DAEMON_USER):
-        r.fail(f"socket directory {sdir} belongs to {owner} (the daemon refuses it)", fix)
+    # The rule serve applies (wcached.daemon.socket_dir), for the daemon's
+    # user (or, where there is none, whoever runs wcached serve: this user).
+    try:
+        uid = pwd.getpwnam(user).pw_uid
+    except KeyError:
+        uid = os.geteuid()
+    wrong = socket_dir.problem(sdir, uid)
+    if wrong:
+        r.fail(f"socket directory {sdir} {wrong} (the daemon refuses it)", socket_dir.fix(quoted, uid))
     elif mode & 0o007:
-        r.warn(f"socket directory {sdir} is {owner}:{group} {mode:04o}: everyone may list it", fix)
+        r.warn(
+            f"socket directory {sdir} is {owner}:{group} {mode:04o}: everyone may list it",
+            socket_dir.fix(quoted, uid),
+        )
     else:
         r.ok(f"socket directory {sdir} {owner}:{group} {mode:04o}")
     for g in cfg.daemon.allowed_groups:
@@ -446,7 +450,7 @@ def run(config: str | None, instance: str | None = None, user: str = DAEMON_USER
                 f"point daemon.worker_python in {cfg.source} at an interpreter, or leave it empty",
             )
         check_user_access(r, cfg, models, user)
-        check_socket_dir(r, cfg)
+        check_socket_dir(r, cfg, user)
         check_parallel_fill(r, models)
     check_units(r, instance)
     check_gpu(r)

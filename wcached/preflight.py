@@ -43,8 +43,9 @@ def problems(cfg: Config) -> list[str]:
     check(check_socket_path, cfg)
     if os.path.isdir(d.socket_dir):
         from wcached.daemon.service import check_socket_dir
+        from wcached.daemon.socket_dir import daemon_uid
 
-        check(check_socket_dir, d.socket_dir, cfg.source)
+        check(check_socket_dir, d.socket_dir, cfg.source, daemon_uid())
         found += _foreign_files(d.socket_dir)
     elif os.path.exists(d.socket_dir):
         found.append(f"daemon.socket_dir {d.socket_dir} exists and is not a directory")

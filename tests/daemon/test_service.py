@@ -7,6 +7,7 @@ import pwd
 import re
 import resource
 import select
+import shutil
 import signal
 import socket
 import stat
@@ -271,12 +272,16 @@ def test_lock_left_by_another_user_names_owner_and_fix(work: Path, sharded_ckpt:
     assert f"rm {lock}" in r.stderr and "Traceback" not in r.stderr
 
 
-@pytest.mark.parametrize("problem", ["world-writable", "foreign-owner"])
+@pytest.mark.parametrize("problem", ["world-writable", "group-writable", "foreign-owner"])
 def test_socket_dir_others_could_write_is_refused(work: Path, sharded_ckpt: Path, problem: str) -> None:
     run = work / "run"
     run.mkdir()
     if problem == "world-writable":
         run.chmod(0o1777)  # even with the sticky bit: a squatter can take the socket's name first
+    elif problem == "group-writable":
+        # The daemon's own group: the group engine users join.
+        os.chown(run, -1, os.getegid())
+        run.chmod(0o770)
     else:
         if os.getuid() != 0:
             pytest.skip("needs root to give the directory away")
@@ -518,3 +523,40 @@ def test_oom_kills_reads_the_cgroups_count(tmp_path: Path) -> None:
     assert oom_kills(str(proc), str(tmp_path / "cg")) == 2
     (group / "memory.events").unlink()
     assert oom_kills(str(proc), str(tmp_path / "cg")) is None
+
+
+def test_a_socket_dir_the_daemons_user_cannot_write_gets_a_fix_that_works(work: Path, sharded_ckpt) -> None:
+    """root's directory, a daemon running as nobody: exit 78 with the fix,
+    not "Permission denied ... a bug"; and the fix applied, it starts."""
+    require_other_users()
+    work.chmod(0o755)
+    ckpt = Path(shutil.copytree(sharded_ckpt, work / "ckpt"))
+    for p in [ckpt, *ckpt.iterdir()]:
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    run = work / "run"
+    run.mkdir(mode=0o755)
+    run.chmod(0o755)
+    cfg = one_model_config(work, ckpt, run)
+    cfg.chmod(0o644)
+    argv = [sys.executable, "-m", "wcached", "serve", "cpu0", "--config", str(cfg)]
+    r = run_as("nobody", argv, timeout=60)
+    assert r.returncode == EX_CONFIG, r.stderr
+    fix = r.stderr.split("fix with: ", 1)[1].strip().splitlines()[0]
+    assert fix.startswith("chown nobody:") and "belongs to root, not to the daemon's user nobody" in r.stderr
+    subprocess.run(fix, shell=True, check=True)
+    proc = subprocess.Popen(
+        ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", *argv],
+        env={"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd="/",
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (run / "cpu0.sock").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
+            time.sleep(0.1)
+    finally:
+        proc.terminate()
+        proc.wait(15)

@@ -118,7 +118,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "socket directory anyone can write is accepted",
         "wcached/daemon/service.py",
-        "    if problem:\n        raise ConfigError(",
+        "    if wrong:\n        raise ConfigError(",
         "    if False:\n        raise ConfigError(",
         ("tests/daemon/test_service.py::test_socket_dir_others_could_write_is_refused",),
     ),
@@ -385,5 +385,21 @@ MUTATIONS: tuple[Mutation, ...] = (
         "socket.CMSG_SPACE(want * 4), socket.MSG_CMSG_CLOEXEC)",
         "socket.CMSG_SPACE(want * 4))",
         ("tests/protocol/test_wire.py::test_more_fds_than_one_scm_rights_batch",),
+    ),
+    Mutation(
+        "the daemon's group may write the socket directory",
+        "wcached/daemon/socket_dir.py",
+        "    if mode & (stat.S_IWGRP | stat.S_IWOTH):",
+        "    if mode & stat.S_IWOTH:",
+        ("tests/daemon/test_service.py::test_socket_dir_others_could_write_is_refused",),
+    ),
+    Mutation(
+        "a socket directory the daemon's user cannot write is accepted",
+        "wcached/daemon/socket_dir.py",
+        "    if st.st_uid != uid:",
+        "    if st.st_uid not in (uid, 0):",
+        (
+            "tests/daemon/test_service.py::test_a_socket_dir_the_daemons_user_cannot_write_gets_a_fix_that_works",
+        ),
     ),
 )

@@ -18,7 +18,6 @@ import logging
 import os
 import selectors
 import signal
-import stat
 import sys
 import time
 
@@ -26,6 +25,7 @@ import msgspec
 
 from wcached import __version__
 from wcached.config import ConfigError, InstanceSettings, ModelConfig, instance_settings, load_config
+from wcached.daemon import socket_dir
 from wcached.daemon.fdstore import FdStore, listen_fds
 from wcached.daemon.filler import FillAborted, fill_models
 from wcached.daemon.holdings import Holdings
@@ -299,28 +299,14 @@ def prepare_socket_dir(path: str, source: str = "") -> None:
     check_socket_dir(path, source)
 
 
-def check_socket_dir(path: str, source: str = "") -> None:
-    """The directory must belong to root or this user, and no one else may
-    write to it (a group only if it is this user's group)."""
-    st = os.lstat(path)
-    me = os.geteuid()
-    problem = ""
-    if stat.S_ISLNK(st.st_mode):
-        problem = "is a symlink"
-    elif st.st_uid not in (0, me):
-        problem = f"belongs to uid {st.st_uid}, not to root or to this user (uid {me})"
-    elif st.st_mode & stat.S_IWOTH:
-        problem = f"is writable by everyone (mode {stat.S_IMODE(st.st_mode):o})"
-    elif st.st_mode & stat.S_IWGRP and st.st_gid != os.getegid():
-        problem = (
-            f"is writable by group {st.st_gid}, not this user's group (mode {stat.S_IMODE(st.st_mode):o})"
-        )
-    if problem:
+def check_socket_dir(path: str, source: str = "", owner_uid: int | None = None) -> None:
+    """ConfigError unless ``path`` is the daemon's own (wcached.daemon.socket_dir);
+    ``owner_uid``: the daemon's user (default: this process's, as serve runs)."""
+    uid = os.geteuid() if owner_uid is None else owner_uid
+    wrong = socket_dir.problem(path, uid)
+    if wrong:
         raise ConfigError(
-            source or None,
-            "daemon.socket_dir",
-            f"{path} {problem}: another user could put a socket or lock there; "
-            f"fix with: chown root:wcache {path} && chmod 0750 {path}",
+            source or None, "daemon.socket_dir", f"{path} {wrong}; fix with: {socket_dir.fix(path, uid)}"
         )
 
 
