@@ -262,6 +262,55 @@ def test_a_quantization_vllm_cannot_take_back_processed_is_refused_at_fill(
     assert not os.path.exists(work / "run" / "cpu0.sock")
 
 
+def test_models_of_two_parallel_sizes_fill_in_one_instance(
+    vllm_python: str, work: Path, model_dir: Path
+) -> None:
+    """A TP=2 target and a TP=1 draft in the same two instances: each layout
+    fills in a loader worker of its own (torch.distributed holds one world a
+    process), so both instances serve both models."""
+    from tests.helpers import start_daemon, write_config
+
+    draft_dir = generate_llama(work / "draft", seed=7)
+    rendezvous = f"tcp://127.0.0.1:{free_port()}"
+    engine_args = {"max_model_len": 256, "enforce_eager": True}
+    common = {"loader": "vllm", "dtype": "bfloat16", "engine_args": engine_args}
+    cfg = write_config(
+        work / "wcached.toml",
+        models=[
+            {"name": "default", "path": str(model_dir), "tensor_parallel_size": 2, "rendezvous": rendezvous}
+            | common,
+            {"name": "draft", "path": str(draft_dir), "role": "draft"} | common,
+        ],
+        daemon={"socket_dir": str(work / "run"), "worker_python": vllm_python},
+    )
+    daemons = [start_daemon(cfg, "cpu0"), start_daemon(cfg, "cpu1")]
+    try:
+        for d in daemons:
+            wait_ready(d, 400)
+        for d in daemons:
+            assert d.log().count("loader worker pid") == 2, d.log()[-3000:]
+        status = subprocess.run(
+            [os.sys.executable, "-m", "wcached", "status", "--config", str(cfg), "--json"],
+            capture_output=True,
+            text=True,
+        )
+        keys = {
+            (v["instance"], m["name"]): (m["key"]["tp_size"], m["key"]["tp_rank"])
+            for v in json.loads(status.stdout)
+            for m in v["models"]
+        }
+        assert keys == {
+            ("cpu0", "default"): (2, 0),
+            ("cpu1", "default"): (2, 1),
+            ("cpu0", "draft"): (1, 0),
+            ("cpu1", "draft"): (1, 0),
+        }, keys
+    finally:
+        for d in daemons:
+            d.stop()
+            d.notify.close()
+
+
 def test_a_draft_model_attaches_to_its_own_model_of_the_daemon(
     vllm_python: str, work: Path, model_dir: Path
 ) -> None:

@@ -402,4 +402,11 @@ MUTATIONS: tuple[Mutation, ...] = (
             "tests/daemon/test_service.py::test_a_socket_dir_the_daemons_user_cannot_write_gets_a_fix_that_works",
         ),
     ),
+    Mutation(
+        "models of two parallel layouts share one loader worker",
+        "wcached/loaders/vllm/__init__.py",
+        '        return ("vllm", self.tensor_parallel_size, self.pipeline_parallel_size, self.rendezvous)',
+        "        return ()",
+        ("tests/integrations/test_vllm.py::test_models_of_two_parallel_sizes_fill_in_one_instance",),
+    ),
 )

@@ -58,15 +58,32 @@ def fill_models(
     should_stop: Callable[[], bool],
     on_filled: Callable[[HeldModel], None],
 ) -> None:
-    """Spawn the worker, hand it the job, and hand each model it fills to
-    ``on_filled`` as soon as its fds arrive (from then on the callee owns
-    them), before the next model is filled.
+    """Spawn a worker per group of models that can share one (see
+    :meth:`ModelConfig.worker_group`), hand it its job, and hand each model it
+    fills to ``on_filled`` as soon as its fds arrive (from then on the callee
+    owns them), before the next model is filled.
 
     ``on_tick(model, done_bytes, total_bytes)`` is called on progress and at
     least every :data:`POLL_S` seconds while the worker works.
     """
     for m in settings.models:
         check_checkpoint_path(m, settings.source)
+    groups: dict[tuple, list[ModelConfig]] = {}
+    for m in settings.models:
+        groups.setdefault(m.worker_group(), []).append(m)
+    for models in groups.values():
+        _fill_in_one_worker(
+            msgspec.structs.replace(settings, models=tuple(models)), device, on_tick, should_stop, on_filled
+        )
+
+
+def _fill_in_one_worker(
+    settings: InstanceSettings,
+    device: Device,
+    on_tick: Callable[[str, int, int], None],
+    should_stop: Callable[[], bool],
+    on_filled: Callable[[HeldModel], None],
+) -> None:
     parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     python = settings.worker_python or sys.executable
     env = dict(os.environ, WCACHED_LOG_LEVEL=settings.log_level, WCACHED_LOG_INSTANCE=current_instance())

@@ -167,6 +167,12 @@ class ModelConfig(
             out.append(("fill_timeout_s", "must be > 0"))
         return out
 
+    def worker_group(self) -> tuple:
+        """Models of one instance whose groups are equal fill in one loader
+        worker; others each in a worker of their own (a process can hold
+        only one torch.distributed world, for instance)."""
+        return ()
+
     def for_device(self, device: Device) -> ModelConfig:
         """This table as the worker of ``device``'s instance needs it
         (instance names written the operator's way made canonical)."""

@@ -80,6 +80,11 @@ class VllmModel(ModelConfig, tag="vllm", frozen=True, kw_only=True):
     def world_size(self) -> int:
         return self.tensor_parallel_size * self.pipeline_parallel_size
 
+    def worker_group(self) -> tuple:
+        # torch.distributed is set up once per process, for one world:
+        # models of other parallel layouts fill in workers of their own.
+        return ("vllm", self.tensor_parallel_size, self.pipeline_parallel_size, self.rendezvous)
+
     def for_device(self, device: Device) -> VllmModel:
         """``ranks`` keyed by the instance's canonical id: operators write the
         name they use (a GPU index, a UUID or cpuN); the worker knows only the
