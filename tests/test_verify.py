@@ -123,3 +123,37 @@ def test_tensors_over_2_gib_fill_cast_and_verify(work: Path) -> None:
             r = _verify(cfg)
             assert r.returncode == 0, r.stdout + r.stderr
             assert "default: ok (2 tensors checked in memory, 2 against the checkpoint)" in r.stdout, r.stdout
+
+
+def test_nothing_compared_is_not_verified(work: Path, ckpt: Path) -> None:
+    """A fill that recorded no digests: nothing can be compared, and that is
+    its own answer (exit 3), never "ok"."""
+    from tests.helpers import write_config
+
+    cfg = write_config(
+        work / "nodigest.toml",
+        models=[{"name": "default", "path": str(ckpt), "digest": False}],
+        daemon={"socket_dir": str(work / "run")},
+    )
+    with run_daemon(cfg):
+        r = _verify(cfg)
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "default: NOT VERIFIED (0 tensors checked in memory, 0 against the checkpoint)" in r.stdout
+
+
+def test_served_digest_needs_no_numpy_and_hashes_a_views_storage_span(monkeypatch) -> None:
+    import xxhash
+
+    from wcached.verify import served_digest
+
+    def no_numpy(self):
+        raise RuntimeError("Numpy is not available")
+
+    monkeypatch.setattr(torch.Tensor, "numpy", no_numpy)
+    base = torch.arange(64, dtype=torch.float32).reshape(8, 8)
+    assert served_digest(base) == xxhash.xxh3_128(bytes(base.untyped_storage())).hexdigest()
+    # A strided view (as vLLM keeps some): the fill hashed its storage span.
+    view = base[2:, ::2]
+    span = 6 * 8 * 4 - 4  # from its first element to its last
+    raw = bytes(base.untyped_storage())[2 * 8 * 4 : 2 * 8 * 4 + span]
+    assert served_digest(view, span) == xxhash.xxh3_128(raw).hexdigest()

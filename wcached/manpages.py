@@ -215,6 +215,7 @@ models = ["llama-8b"]"""
 def command_reference(parser: argparse.ArgumentParser | None = None) -> str:
     from wcached import exits
     from wcached.cli import EXIT_DOWN, EXIT_UNKNOWN, _parser
+    from wcached.verify import EXIT_NOT_VERIFIED
 
     parser = parser or _parser()
     out = _header("wcached", 8, "System Administration")
@@ -259,7 +260,10 @@ def command_reference(parser: argparse.ArgumentParser | None = None) -> str:
         ".B doctor",
         "and",
         ".B verify",
-        "exit 1 when they find a problem; the other commands exit 78 on a configuration error.",
+        "exit 1 when they find a problem;",
+        ".B verify",
+        f"exits {EXIT_NOT_VERIFIED} when a model had nothing it could compare (no digests recorded, no "
+        "checkpoint to read), never 0; the other commands exit 78 on a configuration error.",
         ".SH FILES",
         ".TP",
         ".I /etc/wcache/wcached.toml",

@@ -6,7 +6,8 @@ the memory being served (GPU tensors are copied to the host in chunks) and
 compares it with the manifest. For the safetensors loader it also reads each
 tensor from the checkpoint on disk (cast as the fill cast it) and compares: a
 checkpoint rewritten in place after the fill shows here, tensor by tensor.
-Every difference is printed; the exit status is 1 if there is any.
+Every difference is printed; the exit status is 1 if there is any, 3 if a
+model had nothing that could be compared (never "ok").
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ if TYPE_CHECKING:
 
 # GPU tensors are hashed through host buffers of at most this many bytes.
 CHUNK = 64 << 20
+# verify's status when some model had nothing to compare (no digests recorded,
+# no checkpoint to read): never 0, which says verified.
+EXIT_NOT_VERIFIED = 3
 
 
 @dataclass
@@ -34,18 +38,31 @@ class Report:
     notes: list[str] = field(default_factory=list)
 
 
-def served_digest(t: torch.Tensor) -> str:
-    """xxh3-128 of a tensor's bytes in memory order (as the fill hashed them)."""
+def served_digest(t: torch.Tensor, nbytes: int | None = None) -> str:
+    """xxh3-128 of the bytes a tensor's fill hashed: the ``nbytes`` from its
+    first byte in memory (its storage span: a vLLM fill hashes a view's whole
+    span, and a safetensors tensor is contiguous), read through host buffers
+    of at most :data:`CHUNK` bytes; no numpy needed."""
+    import ctypes
+
     import torch
     import xxhash
 
-    flat = t.detach().reshape(-1).view(torch.uint8) if t.numel() else t.new_empty(0, dtype=torch.uint8)
+    n = t.numel() * t.element_size() if nbytes is None else nbytes
+    offset = t.storage_offset() * t.element_size()
     h = xxhash.xxh3_128()
-    if flat.is_cuda:
-        for start in range(0, flat.numel(), CHUNK):
-            h.update(flat[start : start + CHUNK].cpu().numpy().tobytes())
-    else:
-        h.update(flat.numpy().tobytes())
+    if n == 0:
+        return h.hexdigest()
+    if offset + n <= t.untyped_storage().nbytes():
+        span = torch.empty(0, dtype=torch.uint8, device=t.device)
+        span.set_(t.untyped_storage(), offset, (n,))
+    else:  # a view made over exactly its elements: their bytes in order
+        span = t.detach().reshape(-1).view(torch.uint8)
+    for start in range(0, span.numel(), CHUNK):
+        piece = span[start : start + CHUNK]
+        if piece.device.type != "cpu":
+            piece = piece.cpu()
+        h.update((ctypes.c_char * piece.numel()).from_address(piece.data_ptr()))
     return h.hexdigest()
 
 
@@ -58,7 +75,7 @@ def verify_model(att: Any, model: ModelConfig | None) -> Report:
     for info in manifest.tensors:
         if info.alias_of is not None or not info.digest:
             continue
-        got = served_digest(att.tensors[info.name])
+        got = served_digest(att.tensors[info.name], info.nbytes)
         served[info.name] = got
         rep.checked_memory += 1
         if got != info.digest:
@@ -169,7 +186,7 @@ def run(instance: str, model_name: str | None, config: str | None, socket_dir: s
             return 2
         names = [model_name]
     configured = {m.name: m for m in cfg.model} if cfg else {}
-    bad = 0
+    bad = unverified = 0
     for name in names:
         try:
             with attach(name, instance, socket_dir=sdir, client="wcached verify", keep_lease=False) as att:
@@ -178,7 +195,8 @@ def run(instance: str, model_name: str | None, config: str | None, socket_dir: s
             print(f"{name}: cannot attach: {e}")
             bad += 1
             continue
-        state = "DIFFERS" if rep.problems else "ok"
+        compared = rep.checked_memory + rep.checked_disk
+        state = "DIFFERS" if rep.problems else "ok" if compared else "NOT VERIFIED"
         print(
             f"{name}: {state} ({rep.checked_memory} tensors checked in memory, "
             f"{rep.checked_disk} against the checkpoint)"
@@ -188,7 +206,11 @@ def run(instance: str, model_name: str | None, config: str | None, socket_dir: s
         for n in rep.notes:
             print(f"  note: {n}")
         bad += bool(rep.problems)
-    return 1 if bad else 0
+        unverified += not rep.problems and not compared
+    if bad:
+        return 1
+    # Nothing compared is no "ok": a monitor must not read it as verified.
+    return EXIT_NOT_VERIFIED if unverified else 0
 
 
 # Hashed in pieces: a tensor of several GiB is never held whole (and one
