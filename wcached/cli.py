@@ -176,7 +176,8 @@ def _status(args: argparse.Namespace) -> int:
         return config_error.exit_status
     if status_view.all_serving(views) and not unreadable:
         return 0
-    return EXIT_UNKNOWN if status_view.any_unknown(views) and not unreadable else EXIT_DOWN
+    # (Running units behind a directory this user cannot list are unknown too.)
+    return EXIT_UNKNOWN if status_view.any_unknown(views) else EXIT_DOWN
 
 
 def _unreadable_dir(sdir: str) -> str:
