@@ -2,8 +2,10 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from wcached.cli import main
@@ -88,7 +90,7 @@ def test_check_config_as_the_daemons_user_finds_what_serve_would_trip_over(work:
     r = subprocess.run([*argv, "--user", "nobody"], capture_output=True, text=True, env=env)
     assert r.returncode == 78, r.stdout + r.stderr
     assert "checked as user nobody" in r.stderr
-    assert f"user nobody cannot list {ckpt}" in r.stderr
+    assert f"user 'nobody' cannot list {ckpt}" in r.stderr
     assert f"{run / 'cpu0.lock'} belongs to user root, not to nobody" in r.stderr
     assert f"key 'daemon.metrics_dir': {metrics} is not writable by uid" in r.stderr
 
@@ -208,3 +210,70 @@ def test_big_tensors_each_take_one_segment_and_are_not_refused(work: Path, shard
         daemon={"socket_dir": str(work / "run")},
     )
     assert main(["check-config", "--config", str(cfg)]) == 0, capsys.readouterr().err
+
+
+def test_an_unreadable_shard_in_a_readable_directory_is_78_in_the_words_check_config_uses(
+    work: Path, sharded_ckpt
+) -> None:
+    """serve as the daemon's user refuses before any worker starts (not 65:
+    the bytes are not wrong; not retried: a retry cannot fix it), and
+    check-config --user names the same file in the same sentence; the fix
+    it leads to (letting the user read the file) makes serve start."""
+    import shutil
+
+    from tests.helpers import require_other_users, run_as, write_config
+
+    require_other_users()
+    ckpt = Path(shutil.copytree(sharded_ckpt, work / "ckpt"))
+    for p in (work, ckpt):
+        p.chmod(0o755)
+    shards = sorted(ckpt.glob("*.safetensors"))
+    for s in shards:
+        s.chmod(0o644)
+    shards[1].chmod(0o600)  # root's; the directory stays readable
+    run = work / "run"
+    run.mkdir()
+    nobody = pwd.getpwnam("nobody")
+    os.chown(run, nobody.pw_uid, nobody.pw_gid)
+    run.chmod(0o750)
+    cfg = write_config(
+        work / "wcached.toml",
+        models=[{"name": "default", "path": str(ckpt)}],
+        daemon={"socket_dir": str(run), "allowed_users": ["nobody"]},
+    )
+    cfg.chmod(0o644)
+    said = f"checkpoint file {shards[1]} cannot be read by user 'nobody' (Permission denied)"
+    serve = run_as(
+        "nobody", [sys.executable, "-m", "wcached", "serve", "cpu0", "--config", str(cfg)], timeout=60
+    )
+    assert serve.returncode == 78, serve.stdout + serve.stderr
+    assert said in serve.stderr, serve.stderr
+    assert not (run / "cpu0.sock").exists()
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    argv = [sys.executable, "-m", "wcached", "check-config", "--config", str(cfg), "--user", "nobody"]
+    check = subprocess.run(argv, capture_output=True, text=True, env=env)
+    assert check.returncode == 78, check.stdout + check.stderr
+    # The same sentence, under the same key.
+    line = next(x for x in serve.stderr.splitlines() if said in x)
+    assert line[line.index(str(cfg)) :] in check.stderr, (line, check.stderr)
+    # What doctor and check-config lead to: the user may read it; serve then fills.
+    shards[1].chmod(0o644)
+    assert subprocess.run(argv, capture_output=True, text=True, env=env).returncode == 0
+    daemon = subprocess.Popen(
+        [sys.executable, "-m", "wcached", "serve", "cpu0", "--config", str(cfg)],
+        user=nobody.pw_uid,
+        group=nobody.pw_gid,
+        extra_groups=[],
+        env={**env, "HOME": "/tmp"},
+        cwd="/",
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (run / "cpu0.sock").exists() and daemon.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert (run / "cpu0.sock").exists(), f"serve exited {daemon.poll()} after the fix"
+    finally:
+        daemon.terminate()
+        assert daemon.wait(15) == 0

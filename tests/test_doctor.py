@@ -61,8 +61,8 @@ def test_planted_problems_are_reported_with_their_fixes(work: Path, sharded_ckpt
     assert "planted by the test" in line
     assert "pip install 'tqdm'" in fix and "python3-tqdm" in fix
 
-    line, fix = _problem(out, "user nobody cannot list")
-    assert str(ckpt) in line
+    line, fix = _problem(out, "user 'nobody' cannot list")
+    assert str(ckpt) in line and "path of model 'private'" in line
     assert fix.startswith(f"setfacl -R -m u:nobody:rX {ckpt}"), fix
 
     line, fix = _problem(out, "model cut:")

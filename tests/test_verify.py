@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.helpers import run_daemon, tied_model_config
-from wcached.loaders.safetensors import read_checkpoint
+from wcached.loaders.checkpoint import Checkpoint
 
 
 def _verify(cfg: Path, *extra: str) -> subprocess.CompletedProcess:
@@ -21,7 +21,7 @@ def _verify(cfg: Path, *extra: str) -> subprocess.CompletedProcess:
 
 def _rewrite_one_tensor(ckpt: Path):
     """One tensor's first bytes inverted in place: same header, same size."""
-    victim = next(t for t in read_checkpoint(str(ckpt)).tensors if t.nbytes >= 4)
+    victim = next(t for t in Checkpoint(ckpt).headers().tensors if t.nbytes >= 4)
     with open(victim.file, "r+b") as f:
         f.seek(victim.data_start)
         old = f.read(4)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from wcached import exits
 from wcached.daemon import socket_dir
 from wcached.device import nvml_text
-from wcached.errors import WcacheError
+from wcached.errors import CheckpointCorrupt, CheckpointMissing, ConfigError, FillMisconfigured, WcacheError
 
 PACKAGE_SOCKET_DIR = "/run/wcache"  # what the package's tmpfiles.d line creates
 DAEMON_USER = "wcache"
@@ -124,42 +124,45 @@ def _models_of(r: Report, cfg, instance: str | None) -> list:
 
 
 def check_models(r: Report, cfg, models: list) -> None:
-    from wcached.loaders.safetensors import read_checkpoint
+    """Each model's checkpoint as this user sees it: readable (serve's own
+    check, in its words), and for the safetensors loader its headers."""
+    from wcached.daemon.filler import check_checkpoint_path
+    from wcached.loaders.checkpoint import Checkpoint
 
     for i, m in enumerate(models):
         key = f"model[{cfg.model.index(m) if m in cfg.model else i}].path in {cfg.source}"
-        if m.loader != "safetensors":
-            if m.accepts_remote_path and not os.path.isabs(m.path):
-                r.info(f"model {m.name}: {m.loader} loads {m.path} from its hub cache (checked when filling)")
-            elif not os.path.exists(m.path):
-                r.fail(f"model {m.name}: {m.path} does not exist", f"put the checkpoint there, or fix {key}")
-            else:
-                r.info(f"model {m.name}: loader {m.loader} (its files are checked when filling)")
-            continue
         try:
-            ckpt = read_checkpoint(m.path)
+            check_checkpoint_path(m, cfg.source)
+            if m.loader != "safetensors":
+                where = "from its hub cache" if Checkpoint.of(m).is_hub_id else f"from {m.path}"
+                r.info(f"model {m.name}: {m.loader} loads it {where} (its tensors are checked when filling)")
+                continue
+            ckpt = Checkpoint(m.path).headers()
         except WcacheError as e:
-            r.fail(f"model {m.name}: {e}", _checkpoint_fix(str(e), m.path, key))
+            r.fail(f"model {m.name}: {e}", _checkpoint_fix(e, m.path, key))
             continue
         size = sum(t.nbytes for t in ckpt.tensors)
         files = len(ckpt.files)
         r.ok(f"model {m.name}: {len(ckpt.tensors)} tensors, {size / 2**30:.2f} GiB in {files} file(s)")
 
 
-def _checkpoint_fix(message: str, path: str, key: str) -> str:
-    """The fix that fits what is wrong with a checkpoint."""
-    if message.startswith(f"checkpoint {path} does not exist"):
+def _checkpoint_fix(e: WcacheError, path: str, key: str) -> str:
+    """The fix that fits what is wrong with a checkpoint (by the error's kind)."""
+    from wcached.loaders.checkpoint import CheckpointUnreadable
+
+    if isinstance(e, CheckpointMissing):
         return f"put the checkpoint at {path}, or fix {key} (is its filesystem mounted? findmnt -T {path})"
-    damaged = re.match(r"(\S+): (truncated|corrupt|tensor)", message)
-    if damaged:
+    # serve's path check says "unreadable" as a ConfigError naming the key.
+    if isinstance(e, CheckpointUnreadable | ConfigError):
+        return f"let the daemon's user read it: setfacl -R -m u:{DAEMON_USER}:rX {shlex.quote(path)}"
+    damaged = re.match(r"(\S+): (truncated|corrupt|tensor)", str(e))
+    if isinstance(e, CheckpointCorrupt) and damaged:
         file = damaged.group(1)
         return (
             f"{file} is incomplete or damaged: copy it again from its source and compare sizes "
             f"(ls -l {shlex.quote(file)}; sha256sum against the publisher's)"
         )
-    if "cannot read" in message:
-        return f"let the daemon's user read it: setfacl -R -m u:{DAEMON_USER}:rX {shlex.quote(path)}"
-    if "does not exist" in message or "holds no" in message:
+    if isinstance(e, CheckpointCorrupt | FillMisconfigured):
         return f"the checkpoint at {path} is incomplete: download it again, or fix {key}"
     return f"repair the checkpoint at {path}, or fix {key}"
 
@@ -187,16 +190,16 @@ def check_user_access(r: Report, cfg, models: list, user: str) -> None:
     if out.returncode == 0:
         r.ok(f"user {user} can read every model path and use the socket directory")
         return
-    wanted = {m.path for m in models}
+    paths = {m.name: m.path for m in models}
     for line in out.stderr.splitlines():
         line = line.strip()
-        m = re.match(rf"model\[\d+\] \((.+?)\): user {re.escape(user)} cannot (list|read) (.+)", line)
-        if m:
-            path = next((p for p in wanted if line.endswith(p) or f" in {p}" in line), m.group(3))
+        # serve's own path check, as check-config reports it (key "path of model 'x'").
+        m = re.search(r"key \"path of model '(.+?)'\"", line)
+        if m and m.group(1) in paths:
+            path = shlex.quote(paths[m.group(1)])
             r.fail(
                 line,
-                f"setfacl -R -m u:{user}:rX {shlex.quote(path)}  "
-                f"(or: chgrp -R {user} {shlex.quote(path)} && chmod -R g+rX {shlex.quote(path)})",
+                f"setfacl -R -m u:{user}:rX {path}  (or: chgrp -R {user} {path} && chmod -R g+rX {path})",
             )
         elif line and not line.endswith("checked as user " + user + ":") and "problem(s)" not in line:
             r.fail(f"as user {user}: {line}", "see the line above; wcached check-config --user " + user)

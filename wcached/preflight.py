@@ -17,8 +17,8 @@ import subprocess
 
 from wcached.config import Config, ModelConfig, check_socket_path, instance_settings
 from wcached.daemon.fdstore import UNIT_FDSTORE_MAX, fds_needed
-from wcached.daemon.lock import left_by_another_user, user_name
-from wcached.errors import ConfigError, WcacheError
+from wcached.daemon.lock import left_by_another_user
+from wcached.errors import CheckpointMissing, ConfigError, WcacheError
 
 
 def problems(cfg: Config) -> list[str]:
@@ -49,8 +49,7 @@ def problems(cfg: Config) -> list[str]:
         found += _foreign_files(d.socket_dir)
     elif os.path.exists(d.socket_dir):
         found.append(f"daemon.socket_dir {d.socket_dir} exists and is not a directory")
-    for i, m in enumerate(cfg.model):
-        found += _unreadable(m.path, f"model[{i}] ({m.name})", m.accepts_remote_path)
+    found += _unreadable(cfg)
     found += _store_budget(cfg)
     if d.metrics_dir:
         # (Ports are not tried: the instances running now hold their own.)
@@ -139,26 +138,20 @@ def _foreign_files(socket_dir: str) -> list[str]:
     return out
 
 
-def _unreadable(path: str, what: str, remote_ok: bool) -> list[str]:
-    if remote_ok and not os.path.isabs(path):
-        return []  # a hub id: the loader resolves it
-    me = user_name(os.geteuid())
-    if not os.path.exists(path):
-        return [f"{what}: {path} does not exist (the daemon would wait for it: exit 69)"]
-    if os.path.isdir(path):
-        if not os.access(path, os.R_OK | os.X_OK):
-            return [f"{what}: user {me} cannot list {path}"]
-        bad = [
-            n
-            for n in sorted(os.listdir(path))
-            if os.path.isfile(os.path.join(path, n)) and not os.access(os.path.join(path, n), os.R_OK)
-        ]
-        if bad:
-            return [f"{what}: user {me} cannot read {', '.join(bad[:5])} in {path}"]
-        return []
-    if not os.access(path, os.R_OK):
-        return [f"{what}: user {me} cannot read {path}"]
-    return []
+def _unreadable(cfg: Config) -> list[str]:
+    """What serve's own check before a fill says of each model's path, in its
+    words (:func:`~wcached.daemon.filler.check_checkpoint_path`)."""
+    from wcached.daemon.filler import check_checkpoint_path
+
+    found = []
+    for m in cfg.model:
+        try:
+            check_checkpoint_path(m, cfg.source)
+        except CheckpointMissing as e:
+            found.append(f"{e} (the daemon waits for it: exit 69)")
+        except WcacheError as e:
+            found.append(str(e))
+    return found
 
 
 def as_user(user: str) -> tuple[int, int, list[int]]:

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from wcached.config import ModelConfig, default_config_path, load_config
-from wcached.memory.base import preadv_full
 
 if TYPE_CHECKING:
     import torch
@@ -109,10 +108,10 @@ def _compare_fingerprint(manifest: Any, model: ModelConfig, rep: Report) -> None
         rep.problems.append(f"checkpoint {model.path} changed since the fill (its fingerprint differs)")
     recorded = manifest.attrs.get("checkpoint.content")
     if recorded:
-        from wcached.checkpoint_content import content_digest
+        from wcached.loaders.checkpoint import Checkpoint
 
         rep.checked_disk += 1
-        if content_digest(model.path) != recorded:
+        if Checkpoint(model.path).content_digest() != recorded:
             rep.problems.append(f"checkpoint {model.path}: its bytes differ from those the fill read")
     else:
         rep.notes.append(
@@ -125,11 +124,11 @@ def _compare_disk(manifest: Any, model: ModelConfig, rep: Report) -> None:
     import xxhash
 
     from wcached.dtypes import BY_TORCH_NAME
-    from wcached.errors import FillError
-    from wcached.loaders.safetensors import _cast, read_checkpoint
+    from wcached.errors import CheckpointCorrupt, FillError
+    from wcached.loaders.checkpoint import Checkpoint, cast_pieces, read_pieces
 
     try:
-        ckpt = read_checkpoint(model.path)
+        ckpt = Checkpoint(model.path).headers()
     except FillError as e:
         rep.problems.append(f"checkpoint {model.path}: {e}")
         return
@@ -149,13 +148,15 @@ def _compare_disk(manifest: Any, model: ModelConfig, rep: Report) -> None:
             if fd is None:
                 fd = fds[t.file] = os.open(t.file, os.O_RDONLY | os.O_CLOEXEC)
             out = BY_TORCH_NAME[info.dtype]
-            if out is t.dtype:
-                digest = _file_digest(fd, t.data_start, t.nbytes)
-                if digest is None:
-                    rep.problems.append(f"{t.name}: {os.path.basename(t.file)} is truncated now")
-                    continue
-            else:
-                digest = xxhash.xxh3_128(_cast(fd, t, out)).hexdigest()
+            h = xxhash.xxh3_128()
+            try:
+                # Read (and cast) as the fill did, a piece at a time.
+                for piece in read_pieces(fd, t) if out is t.dtype else cast_pieces(fd, t, out):
+                    h.update(piece)
+            except CheckpointCorrupt:
+                rep.problems.append(f"{t.name}: {os.path.basename(t.file)} is truncated now")
+                continue
+            digest = h.hexdigest()
             rep.checked_disk += 1
             if digest != info.digest:
                 rep.problems.append(
@@ -211,26 +212,3 @@ def run(instance: str, model_name: str | None, config: str | None, socket_dir: s
         return 1
     # Nothing compared is no "ok": a monitor must not read it as verified.
     return EXIT_NOT_VERIFIED if unverified else 0
-
-
-# Hashed in pieces: a tensor of several GiB is never held whole (and one
-# read returns at most 2,147,479,552 bytes on Linux).
-_HASH_CHUNK = 64 << 20
-
-
-def _file_digest(fd: int, offset: int, nbytes: int) -> str | None:
-    """xxh3-128 of ``nbytes`` at ``offset``, as the fill computes it; None if
-    the file ends first."""
-    import xxhash
-
-    h = xxhash.xxh3_128()
-    buf = bytearray(min(nbytes, _HASH_CHUNK))
-    done = 0
-    while done < nbytes:
-        view = memoryview(buf)[: min(len(buf), nbytes - done)]
-        got = preadv_full(fd, [view], offset + done)
-        h.update(view[:got])
-        if got < len(view):
-            return None
-        done += got
-    return h.hexdigest()

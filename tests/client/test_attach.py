@@ -6,11 +6,11 @@ import pytest
 
 from tests.helpers import run_daemon
 from wcached.client import DaemonUnavailable, KeyMismatch, attach
-from wcached.loaders.safetensors import checkpoint_fingerprint
+from wcached.loaders.checkpoint import Checkpoint
 
 
 def test_expected_key_matches_and_mismatch_names_fields(cpu_config: Path, sharded_ckpt: Path) -> None:
-    fp = checkpoint_fingerprint(str(sharded_ckpt))
+    fp = Checkpoint(sharded_ckpt).header_fingerprint()
     with run_daemon(cpu_config) as d:
         expect = {"fingerprint": fp, "dtype": "auto", "tp_size": 1, "loader": "safetensors"}
         with attach("default", "cpu0", socket_dir=d.socket_dir, expect=expect) as a:

@@ -12,12 +12,8 @@ import xxhash
 
 from tests.helpers import as_bytes, load_reference, multi_dtype_tensors, write_sharded
 from wcached.errors import FillError
-from wcached.loaders.safetensors import (
-    SafetensorsLoader,
-    SafetensorsModel,
-    checkpoint_fingerprint,
-    read_checkpoint,
-)
+from wcached.loaders.checkpoint import Checkpoint, StoredTensor
+from wcached.loaders.safetensors import SafetensorsLoader, SafetensorsModel
 from wcached.memory.host import HostBackend
 
 
@@ -25,6 +21,10 @@ def _raw_file(path: Path, header: dict, data: bytes) -> Path:
     raw = json.dumps(header).encode()
     path.write_bytes(struct.pack("<Q", len(raw)) + raw + data)
     return path
+
+
+def _fingerprint(path: Path) -> str:
+    return Checkpoint(path).header_fingerprint()
 
 
 def _fill(model: SafetensorsModel):
@@ -63,7 +63,7 @@ def test_fill_matches_load_file_and_reports_progress(tmp_path: Path) -> None:
     # From the total up front to all of it read.
     assert progress[0] == (0, filled.manifest.total_bytes)
     assert progress[-1] == (filled.manifest.total_bytes, filled.manifest.total_bytes)
-    assert filled.manifest.key.fingerprint == checkpoint_fingerprint(str(ckpt))
+    assert filled.manifest.key.fingerprint == _fingerprint(ckpt)
 
 
 def test_dtype_policy_casts_floats_only(tmp_path: Path) -> None:
@@ -83,7 +83,7 @@ def test_header_fingerprint_sees_rewrites_content_fingerprint_sees_bytes(tmp_pat
 
     a = write_sharded(tmp_path / "a", {"w": torch.zeros(4, 4)}, shards=1)
     (shard,) = a.glob("*.safetensors")
-    before = checkpoint_fingerprint(str(a))
+    before = _fingerprint(a)
     fa, _ = _fill(SafetensorsModel(name="m", path=str(a), fingerprint="content", digest=False))
     assert fa.manifest.key.fingerprint.startswith("content:")
     st = shard.stat()
@@ -92,83 +92,19 @@ def test_header_fingerprint_sees_rewrites_content_fingerprint_sees_bytes(tmp_pat
         f.seek(st.st_size - 4)
         f.write(b"\x00\x00\x80\x3f")
     os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns + 1))
-    assert checkpoint_fingerprint(str(a)) != before  # its modification time changed
+    assert _fingerprint(a) != before  # its modification time changed
     # A rewrite that hides its time is invisible to the header fingerprint,
     # not to the content fingerprint.
     os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))
-    assert checkpoint_fingerprint(str(a)) == before
+    assert _fingerprint(a) == before
     fb, _ = _fill(SafetensorsModel(name="m", path=str(a), fingerprint="content", digest=False))
     assert fa.manifest.key.fingerprint != fb.manifest.key.fingerprint
     # A copy put in place (same bytes and time, a new inode) is seen too.
     shutil.copy2(shard, tmp_path / "copy")
     os.replace(tmp_path / "copy", shard)
-    assert checkpoint_fingerprint(str(a)) != before
+    assert _fingerprint(a) != before
     c = write_sharded(tmp_path / "c", {"w": torch.zeros(4, 5)}, shards=1)
-    assert checkpoint_fingerprint(str(c)) != checkpoint_fingerprint(str(a))
-
-
-@pytest.mark.parametrize(
-    ("header", "data", "match"),
-    [
-        ({"w": {"dtype": "F4", "shape": [2], "data_offsets": [0, 1]}}, b"\0", "unsupported dtype 'F4'"),
-        ({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}}, b"\0" * 4, "needs 8"),
-        ({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}, b"\0" * 8, "truncated: tensor 'w'"),
-        ({"w": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}}, b"\0" * 4, "negative dimension"),
-        ({"w": {"dtype": "F32"}}, b"", "malformed header entry"),
-    ],
-)
-def test_header_errors_name_file_and_tensor(tmp_path: Path, header: dict, data: bytes, match: str) -> None:
-    f = _raw_file(tmp_path / "x.safetensors", header, data)
-    with pytest.raises(FillError, match=match) as e:
-        read_checkpoint(str(f))
-    assert str(f) in str(e.value)
-
-
-def test_corrupt_and_tiny_files(tmp_path: Path) -> None:
-    tiny = tmp_path / "tiny.safetensors"
-    tiny.write_bytes(b"\x01\x02")
-    with pytest.raises(FillError, match="not even a header length"):
-        read_checkpoint(str(tiny))
-    huge = tmp_path / "huge.safetensors"
-    huge.write_bytes(struct.pack("<Q", 1 << 40) + b"{}")
-    with pytest.raises(FillError, match="header of 1099511627776 bytes"):
-        read_checkpoint(str(huge))
-    bad = tmp_path / "bad.safetensors"
-    bad.write_bytes(struct.pack("<Q", 5) + b"{nope")
-    with pytest.raises(FillError, match="corrupt header"):
-        read_checkpoint(str(bad))
-
-
-def test_index_inconsistencies(tmp_path: Path) -> None:
-    ckpt = write_sharded(tmp_path / "c", {"a": torch.ones(2), "b": torch.ones(3)}, shards=2)
-    index = ckpt / "model.safetensors.index.json"
-    doc = json.loads(index.read_text())
-    doc["weight_map"]["ghost"] = "model-00001-of-00002.safetensors"
-    index.write_text(json.dumps(doc))
-    with pytest.raises(FillError, match=r"'ghost' is listed .* but stored nowhere"):
-        read_checkpoint(str(ckpt))
-    doc["weight_map"] = {"a": "model-00009-of-00009.safetensors"}
-    index.write_text(json.dumps(doc))
-    with pytest.raises(FillError, match="does not exist"):
-        read_checkpoint(str(ckpt))
-
-
-def test_duplicate_tensor_across_shards(tmp_path: Path) -> None:
-    from safetensors.torch import save_file
-
-    d = tmp_path / "c"
-    d.mkdir()
-    save_file({"a": torch.ones(2)}, str(d / "one.safetensors"))
-    save_file({"a": torch.ones(2)}, str(d / "two.safetensors"))
-    with pytest.raises(FillError, match="'a' is also stored in"):
-        read_checkpoint(str(d))
-
-
-def test_missing_and_empty_paths(tmp_path: Path) -> None:
-    with pytest.raises(FillError, match="does not exist"):
-        read_checkpoint(str(tmp_path / "nope"))
-    with pytest.raises(FillError, match=r"no \*\.safetensors"):
-        read_checkpoint(str(tmp_path))
+    assert _fingerprint(c) != _fingerprint(a)
 
 
 def test_alias_errors(tmp_path: Path) -> None:
@@ -182,7 +118,7 @@ def test_alias_errors(tmp_path: Path) -> None:
 def test_runs_group_back_to_back_tensors_of_one_file_and_segment() -> None:
     from wcached.dtypes import DTYPES
     from wcached.loaders.layout import Placement
-    from wcached.loaders.safetensors import StoredTensor, _runs
+    from wcached.loaders.safetensors import _runs
 
     f32 = DTYPES["F32"]
 
@@ -205,10 +141,10 @@ def test_truncation_during_fill_names_the_tensor(tmp_path: Path, monkeypatch) ->
     ckpt = write_sharded(
         tmp_path / "c", {"a": torch.ones(64), "b": torch.ones(64), "c": torch.ones(64)}, shards=1
     )
-    real = read_checkpoint(str(ckpt))
+    real = Checkpoint(ckpt).headers()
     shard = real.files[0].path
     # The file shrinks between the header check and the copy.
-    monkeypatch.setattr("wcached.loaders.safetensors.read_checkpoint", lambda path: real)
+    monkeypatch.setattr(Checkpoint, "headers", lambda self: real)
     with open(shard, "r+b") as f:
         f.truncate(os.path.getsize(shard) - 300)
     with pytest.raises(FillError, match=r"truncated: tensor 'b' ended after 212 of 256 bytes"):

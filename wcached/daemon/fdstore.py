@@ -29,6 +29,7 @@ from urllib.parse import quote, unquote
 import msgspec
 
 from wcached.daemon.systemd import Notifier, fdstore_limit
+from wcached.loaders.checkpoint import FileStamp
 from wcached.memory.host import REQUIRED_SEALS
 from wcached.protocol.messages import Manifest
 from wcached.protocol.wire import close_fds
@@ -42,17 +43,6 @@ PREFIX = "wcache1"
 MANIFEST_PART = "manifest"
 # sd_listen_fds(3): passed fds start here.
 LISTEN_FDS_START = 3
-
-
-class FileStamp(msgspec.Struct, frozen=True, array_like=True):
-    """What stat(2) says of one checkpoint file: free to compute, and changed
-    by any rewrite (a new inode, a new size or a new modification time)."""
-
-    path: str
-    dev: int
-    ino: int
-    size: int
-    mtime_ns: int
 
 
 class StoredModel(msgspec.Struct, frozen=True, kw_only=True):

@@ -6,7 +6,6 @@ import logging
 import os
 import signal
 import socket
-import stat
 import subprocess
 import sys
 import time
@@ -15,13 +14,13 @@ from collections.abc import Callable
 import msgspec
 
 from wcached.config import InstanceSettings, ModelConfig
-from wcached.daemon.lock import user_name
 from wcached.daemon.state import HeldModel
 from wcached.device import Device
 from wcached.errors import (
     CheckpointMissing,
     ConfigError,
     FillError,
+    FillMisconfigured,
     FillStalled,
     OutOfMemory,
     TimeoutExpired,
@@ -29,6 +28,7 @@ from wcached.errors import (
     WorkerNotRunnable,
     error_for_code,
 )
+from wcached.loaders.checkpoint import Checkpoint
 from wcached.log import current_instance
 from wcached.protocol.messages import (
     FillDone,
@@ -189,26 +189,15 @@ def _check_stall(model: ModelConfig, idle_s: float) -> None:
 
 def check_checkpoint_path(model: ModelConfig, source: str = "") -> None:
     """Before a worker starts: a path that is not there yet (a network
-    filesystem still mounting) is retried by the unit; one this user may not
-    read is a configuration mistake that no retry fixes."""
-    if model.accepts_remote_path and not os.path.isabs(model.path):
-        return  # a hub id: the loader resolves it
+    filesystem still mounting) is retried by the unit (69); one this user
+    may not read is a configuration mistake that no retry fixes (78), named
+    as ``check-config`` names it."""
     try:
-        st = os.stat(model.path)
-    except FileNotFoundError:
-        raise CheckpointMissing(
-            f"model {model.name!r}: checkpoint {model.path} does not exist (not mounted yet?)"
-        ) from None
-    except PermissionError:
-        st = None
-    want = os.R_OK | (os.X_OK if st is not None and stat.S_ISDIR(st.st_mode) else 0)
-    if st is None or not os.access(model.path, want):
-        user = user_name(os.geteuid())
-        raise ConfigError(
-            source or None,
-            f"path of model {model.name!r}",
-            f"{model.path} cannot be read by user {user!r} (the daemon's)",
-        )
+        Checkpoint.of(model).check_readable()
+    except CheckpointMissing as e:
+        raise CheckpointMissing(f"model {model.name!r}: {e}") from None
+    except FillMisconfigured as e:
+        raise ConfigError(source or None, f"path of model {model.name!r}", str(e)) from None
 
 
 def _worker_death(proc: subprocess.Popen, ooms_before: int | None) -> FillError:

@@ -20,12 +20,10 @@ from collections.abc import Sequence
 
 import msgspec
 
-from wcached.daemon.fdstore import FileStamp, StoredModel
+from wcached.daemon.fdstore import StoredModel
+from wcached.errors import CheckpointMissing
 from wcached.loaders.base import EnvironmentUnknown, ModelConfig, get_loader, model_from_builtins
-
-# A checkpoint directory is stamped file by file; beyond this many files it is
-# not a checkpoint (a mount point given by mistake) and is not walked further.
-MAX_STAMPED_FILES = 100_000
+from wcached.loaders.checkpoint import Checkpoint, CheckpointUnreadable, FileStamp, TooManyFiles
 
 # [[model]] settings that change how a fill runs, not what it holds: changing
 # them does not make a stored fill stale.
@@ -61,11 +59,13 @@ class Provenance(msgspec.Struct, frozen=True, kw_only=True):
         id: nothing to stamp, such a fill is never stored)."""
         if model.accepts_remote_path and not os.path.isabs(model.path):
             raise NotRestorable(f"{model.path} is a hub id, whose files cannot be stamped")
-        return cls(
-            model=model,
-            environment=loader_environment(model, python),
-            checkpoint=tuple(checkpoint_stamps(model.path)),
-        )
+        try:
+            stamps = Checkpoint(model.path).stamps()
+        except TooManyFiles as e:
+            raise NotRestorable(str(e)) from None
+        except (CheckpointMissing, CheckpointUnreadable) as e:
+            raise CheckpointAway(str(e)) from None
+        return cls(model=model, environment=loader_environment(model, python), checkpoint=tuple(stamps))
 
     @classmethod
     def of_record(cls, record: StoredModel) -> Provenance:
@@ -91,50 +91,6 @@ class Provenance(msgspec.Struct, frozen=True, kw_only=True):
 
 def _settings(model: ModelConfig) -> dict:
     return msgspec.to_builtins(model)
-
-
-def checkpoint_stamps(path: str) -> list[FileStamp]:
-    """Stamps of the checkpoint's files: the path itself, or every file under it
-    (hidden entries left out: download tools keep lock files there)."""
-    if os.path.isfile(path):
-        files = [path]
-    elif os.path.isdir(path):
-        files = []
-        for root, dirs, names in os.walk(path, onerror=_raise):
-            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-            files += [os.path.join(root, n) for n in sorted(names) if not n.startswith(".")]
-            if len(files) > MAX_STAMPED_FILES:
-                raise NotRestorable(f"{path} holds more than {MAX_STAMPED_FILES} files")
-    elif _missing(path):
-        raise CheckpointAway(f"checkpoint {path} does not exist (not mounted yet?)")
-    else:
-        raise CheckpointAway(f"checkpoint {path} cannot be looked at by this user")
-    stamps = []
-    for f in files:
-        try:
-            st = os.stat(f)
-        except FileNotFoundError:
-            raise CheckpointAway(f"checkpoint file {f} vanished while it was stamped") from None
-        except OSError as e:
-            raise CheckpointAway(f"cannot stat {f}: {e.strerror}") from None
-        rel = os.path.relpath(f, path) if f != path else os.path.basename(f)
-        stamps.append(FileStamp(rel, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
-    return stamps
-
-
-def _missing(path: str) -> bool:
-    """No such file (not: a parent this user may not search)."""
-    try:
-        os.stat(path)
-    except FileNotFoundError:
-        return True
-    except OSError:
-        return False
-    return False
-
-
-def _raise(e: OSError) -> None:
-    raise CheckpointAway(f"cannot list {e.filename}: {e.strerror}")
 
 
 def loader_environment(model: ModelConfig, python: str) -> str:

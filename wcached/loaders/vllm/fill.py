@@ -41,8 +41,8 @@ import xxhash
 
 from wcached.errors import FillError, FillMisconfigured, UnservableModel
 from wcached.keys import CacheKey
+from wcached.loaders.checkpoint import DIGEST_ALGORITHM, Checkpoint
 from wcached.loaders.layout import FilledModel, PhaseClock, alias_entries, fill_segments_in_order, plan_layout
-from wcached.loaders.safetensors import DIGEST_ALGORITHM
 from wcached.loaders.vllm import VllmModel
 from wcached.loaders.vllm.key import PROCESSED_GUARD, vllm_cache_key
 from wcached.memory.base import MemoryBackend, ProgressFn, SegmentWriter
@@ -447,9 +447,7 @@ def fill(model: VllmModel, backend: MemoryBackend, instance: str, progress: Prog
         # The key keeps the header fingerprint (what an engine computes
         # cheaply to match); every checkpoint byte's hash is recorded
         # beside it for `wcached verify`.
-        from wcached.checkpoint_content import content_digest
-
-        attrs["checkpoint.content"] = content_digest(model.path)
+        attrs["checkpoint.content"] = Checkpoint(model.path).content_digest()
     try:
         from vllm.model_executor.model_loader.weight_cache.utils import export_model_attrs
 

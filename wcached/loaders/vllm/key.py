@@ -28,12 +28,10 @@ field of a ``KeyMismatch``:
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import json
 import os
 import re
-import struct
 from typing import Any
 
 from wcached.keys import CacheKey
@@ -120,9 +118,6 @@ LAYOUT_ENV_WORDS += ("CUTLASS", "TRITON_AWQ", "FP8", "MOE")
 
 # Checkpoint formats other than safetensors that vLLM reads from a directory.
 OTHER_WEIGHT_PATTERNS = ("*.bin", "*.pt", "*.pth", "*.gguf", "*.npy")
-# Bytes hashed at each end of such a file (with its name, size, inode and
-# modification time): a rewrite of weights is seen without reading them all.
-SAMPLE_BYTES = 1 << 20
 
 
 def vllm_cache_key(name: str, vllm_config: Any, model_config: Any, role: str) -> CacheKey:
@@ -281,20 +276,11 @@ def _layout_env() -> str:
 
 def checkpoint_fingerprint(model: str, revision: str | None = None) -> str:
     """What the checkpoint ``model`` (a directory, a file or a hub id) holds,
-    the same however its path is spelled."""
-    from wcached.loaders.safetensors import checkpoint_fingerprint as safetensors_fingerprint
+    the same however its path is spelled (:meth:`Checkpoint.fingerprint`)."""
+    from wcached.loaders.checkpoint import Checkpoint
 
-    if os.path.isdir(model):
-        if glob.glob(os.path.join(model, "*.safetensors")):
-            return safetensors_fingerprint(model)
-        files = sorted({p for pat in OTHER_WEIGHT_PATTERNS for p in glob.glob(os.path.join(model, pat))})
-        if files:
-            return "sampled:" + _sampled(files)
-        # No weights vLLM reads by name: every file there, sampled.
-        others = sorted(e.path for e in os.scandir(model) if e.is_file())
-        return "sampled:" + _sampled(others)
-    if os.path.isfile(model):
-        return "sampled:" + _sampled([model])
+    if os.path.exists(model):
+        return Checkpoint(model).fingerprint(OTHER_WEIGHT_PATTERNS)
     return "hub:" + _hub_revision(model, revision)
 
 
@@ -309,18 +295,3 @@ def _hub_revision(repo: str, revision: str | None) -> str:
         return f"{repo}@{os.path.basename(snapshot)}"
     except Exception:  # not cached here, or no huggingface_hub
         return f"{repo}@{revision or 'main'}"
-
-
-def _sampled(files: list[str]) -> str:
-    h = hashlib.sha256()
-    for path in files:
-        st = os.stat(path)
-        name = os.path.basename(path).encode()
-        h.update(struct.pack("<QQQQ", len(name), st.st_size, st.st_ino, st.st_mtime_ns))
-        h.update(name)
-        with open(path, "rb") as f:
-            h.update(f.read(SAMPLE_BYTES))
-            if st.st_size > 2 * SAMPLE_BYTES:
-                f.seek(-SAMPLE_BYTES, os.SEEK_END)
-                h.update(f.read(SAMPLE_BYTES))
-    return h.hexdigest()
