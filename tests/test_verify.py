@@ -62,17 +62,17 @@ def test_verify_of_a_model_it_does_not_serve(work: Path, ckpt: Path) -> None:
 
 def test_served_digest_is_the_fill_digest_for_every_dtype(work: Path, ckpt: Path) -> None:
     from wcached.client import attach
-    from wcached.verify import served_digest
+    from wcached.tensor_digest import HOST, digest
 
     cfg = tied_model_config(work, ckpt, "64KiB")
     with run_daemon(cfg) as d, attach("default", "cpu0", socket_dir=d.socket_dir, keep_lease=False) as a:
         dtypes = set()
         for info in a.manifest.tensors:
             if info.digest and info.alias_of is None:
-                assert served_digest(a.tensors[info.name]) == info.digest, info.name
+                assert digest(a.tensors[info.name], HOST) == info.digest, info.name
                 dtypes.add(info.dtype)
         assert len(dtypes) >= 4, dtypes
-        assert served_digest(torch.zeros(0)) != ""
+        assert digest(torch.zeros(0), HOST) != ""
 
 
 @pytest.mark.gpu
@@ -139,21 +139,3 @@ def test_nothing_compared_is_not_verified(work: Path, ckpt: Path) -> None:
         r = _verify(cfg)
     assert r.returncode == 3, r.stdout + r.stderr
     assert "default: NOT VERIFIED (0 tensors checked in memory, 0 against the checkpoint)" in r.stdout
-
-
-def test_served_digest_needs_no_numpy_and_hashes_a_views_storage_span(monkeypatch) -> None:
-    import xxhash
-
-    from wcached.verify import served_digest
-
-    def no_numpy(self):
-        raise RuntimeError("Numpy is not available")
-
-    monkeypatch.setattr(torch.Tensor, "numpy", no_numpy)
-    base = torch.arange(64, dtype=torch.float32).reshape(8, 8)
-    assert served_digest(base) == xxhash.xxh3_128(bytes(base.untyped_storage())).hexdigest()
-    # A strided view (as vLLM keeps some): the fill hashed its storage span.
-    view = base[2:, ::2]
-    span = 6 * 8 * 4 - 4  # from its first element to its last
-    raw = bytes(base.untyped_storage())[2 * 8 * 4 : 2 * 8 * 4 + span]
-    assert served_digest(view, span) == xxhash.xxh3_128(raw).hexdigest()

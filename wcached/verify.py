@@ -14,15 +14,11 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from wcached import tensor_digest
 from wcached.config import ModelConfig, default_config_path, load_config
 
-if TYPE_CHECKING:
-    import torch
-
-# GPU tensors are hashed through host buffers of at most this many bytes.
-CHUNK = 64 << 20
 # verify's status when some model had nothing to compare (no digests recorded,
 # no checkpoint to read): never 0, which says verified.
 EXIT_NOT_VERIFIED = 3
@@ -37,52 +33,24 @@ class Report:
     notes: list[str] = field(default_factory=list)
 
 
-def served_digest(t: torch.Tensor, nbytes: int | None = None) -> str:
-    """xxh3-128 of the bytes a tensor's fill hashed: the ``nbytes`` from its
-    first byte in memory (its storage span: a vLLM fill hashes a view's whole
-    span, and a safetensors tensor is contiguous), read through host buffers
-    of at most :data:`CHUNK` bytes; no numpy needed."""
-    import ctypes
-
-    import torch
-    import xxhash
-
-    n = t.numel() * t.element_size() if nbytes is None else nbytes
-    offset = t.storage_offset() * t.element_size()
-    h = xxhash.xxh3_128()
-    if n == 0:
-        return h.hexdigest()
-    if offset + n <= t.untyped_storage().nbytes():
-        span = torch.empty(0, dtype=torch.uint8, device=t.device)
-        span.set_(t.untyped_storage(), offset, (n,))
-    else:  # a view made over exactly its elements: their bytes in order
-        span = t.detach().reshape(-1).view(torch.uint8)
-    for start in range(0, span.numel(), CHUNK):
-        piece = span[start : start + CHUNK]
-        if piece.device.type != "cpu":
-            piece = piece.cpu()
-        h.update((ctypes.c_char * piece.numel()).from_address(piece.data_ptr()))
-    return h.hexdigest()
-
-
 def verify_model(att: Any, model: ModelConfig | None) -> Report:
     """``att``: an attachment; ``model``: its ``[[model]]`` table (for the disk
     comparison), if the config names it."""
     manifest = att.manifest
     rep = Report(manifest.model)
     served: dict[str, str] = {}
+    # Hashed as the fill hashed it: on the host, or on the GPU serving it.
+    algorithm = manifest.attrs.get("digest", tensor_digest.HOST)
     for info in manifest.tensors:
         if info.alias_of is not None or not info.digest:
             continue
-        got = served_digest(att.tensors[info.name], info.nbytes)
+        got = tensor_digest.digest(att.tensors[info.name], algorithm, info.nbytes)
         served[info.name] = got
         rep.checked_memory += 1
         if got != info.digest:
             rep.problems.append(f"{info.name}: the memory served differs from what was filled")
     if not served:
-        rep.notes.append(
-            "no per-tensor digests were recorded by this fill (digest = false, or vLLM on a GPU)"
-        )
+        rep.notes.append("no per-tensor digests were recorded by this fill (digest = false)")
     if model is None:
         rep.notes.append("not in this config: the checkpoint on disk is not compared")
         return rep

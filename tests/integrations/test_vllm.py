@@ -155,6 +155,9 @@ def test_content_fingerprint_lets_verify_see_a_rewrite_that_hides_its_time(
         ok = subprocess.run(argv, capture_output=True, text=True, timeout=300)
         assert ok.returncode == 0, ok.stdout + ok.stderr
         assert "against the checkpoint)" in ok.stdout and "1 against" in ok.stdout, ok.stdout
+        # Every tensor vLLM made, hashed where it is served (host xxh3 here).
+        checked = int(re.search(r"default: ok \((\d+) tensors checked in memory", ok.stdout).group(1))
+        assert checked > 0, ok.stdout
         shard = sorted(ckpt.glob("*.safetensors"))[-1]
         st = shard.stat()
         with open(shard, "r+b") as f:

@@ -111,6 +111,26 @@ def weights_share(cfg: Path) -> tuple[int, float]:
     return held, held / status["device_memory_bytes"]
 
 
+def _verify_every_tensor(cfg: Path, socket_dir: str) -> tuple[int, str]:
+    """`wcached verify` of the GPU fill: every tensor with bytes is hashed on
+    the GPU serving it and compared with the digest the fill recorded."""
+    count = (
+        "from wcached.client import attach\n"
+        f"with attach('default', '0', socket_dir={socket_dir!r}, keep_lease=False) as a:\n"
+        "    m = a.manifest\n"
+        "    print(sum(1 for t in m.tensors if t.alias_of is None and t.nbytes), m.attrs['digest'])"
+    )
+    r = subprocess.run([sys.executable, "-c", count], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    want, algorithm = r.stdout.split()
+    assert algorithm == "wmix128"
+    argv = [sys.executable, "-m", "wcached", "verify", "0", "--config", str(cfg)]
+    v = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert v.returncode == 0, v.stdout + v.stderr
+    assert f": ok ({want} tensors checked in memory" in v.stdout, (want, v.stdout)
+    return int(want), v.stdout.strip()
+
+
 def _no_cuda_in(pid: int) -> None:
     maps = Path(f"/proc/{pid}/maps").read_text()
     assert "libcuda" not in maps and "libtorch" not in maps
@@ -148,6 +168,7 @@ def test_wcache_engine_on_gpu_matches_disk(work: Path, model_dir: Path, quantiza
             # The engine ran at `util` already: it advises one share lower still.
             assert abs(float(advice.group(1)) - (util - share)) < 0.002, (advice.group(0), share)
         _no_cuda_in(d.proc.pid)
+        checked, verified = _verify_every_tensor(cfg, d.socket_dir)
     assert out["tokens"] == disk["tokens"]
     record(
         f"gpu_matches_disk[{quantization or 'bf16'}]",
@@ -163,6 +184,8 @@ def test_wcache_engine_on_gpu_matches_disk(work: Path, model_dir: Path, quantiza
         load_s_disk=disk["vllm_load_s"],
         load_s_wcache=out["vllm_load_s"],
         form=re.search(r"\((\w+) form\)", out["log"]).group(1),
+        verify_tensors_checked_in_memory=checked,
+        verify_output=verified,
     )
     # Weights once during the fill: the model plus one 256 MiB segment (and
     # vLLM's transient buffers while quantizing), never twice the model.

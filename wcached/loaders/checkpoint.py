@@ -26,6 +26,7 @@ from pathlib import Path
 
 import msgspec
 
+from wcached import tensor_digest
 from wcached.dtypes import DTYPES, Dtype
 from wcached.errors import CheckpointCorrupt, CheckpointMissing, FillError, FillMisconfigured
 from wcached.memory.base import preadv_full
@@ -42,9 +43,6 @@ MAX_FILES = 100_000
 READ_CHUNK = 64 << 20
 # Bytes read from each end of a file whose format has no header to hash.
 SAMPLE_BYTES = 1 << 20
-# How every byte of a checkpoint (``fingerprint = "content"``) and every
-# filled tensor in host memory is hashed.
-DIGEST_ALGORITHM = "xxh3_128"
 
 
 class CheckpointUnreadable(FillMisconfigured):
@@ -285,7 +283,7 @@ class Checkpoint:
                 h.update(f"{os.path.basename(f)}:{size}\n".encode())
                 while n := fh.readinto(buf):
                     h.update(memoryview(buf)[:n])
-        return f"{DIGEST_ALGORITHM}:{h.hexdigest()}"
+        return f"{tensor_digest.HOST}:{h.hexdigest()}"
 
 
 def header_fingerprint(headers: Headers) -> str:

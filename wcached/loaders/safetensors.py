@@ -18,12 +18,12 @@ import time
 
 import xxhash
 
+from wcached import tensor_digest
 from wcached.dtypes import BY_TORCH_NAME, Dtype
 from wcached.errors import FillMisconfigured
 from wcached.keys import CacheKey
 from wcached.loaders.base import ModelConfig
 from wcached.loaders.checkpoint import (
-    DIGEST_ALGORITHM,
     Checkpoint,
     Headers,
     StoredTensor,
@@ -127,7 +127,7 @@ class SafetensorsLoader:
             tensors=infos,
             total_bytes=sum(p.nbytes for p in placements),
             filled_at=time.time(),
-            attrs={"digest": DIGEST_ALGORITHM} if model.digest or model.fingerprint == "content" else {},
+            attrs={"digest": tensor_digest.HOST} if model.digest or model.fingerprint == "content" else {},
         )
         return FilledModel(manifest, fds, clock.total(), clock.phases)
 

@@ -29,7 +29,6 @@ twice.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import socket
 import time
@@ -37,11 +36,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import xxhash
+import msgspec
 
+from wcached import tensor_digest
 from wcached.errors import FillError, FillMisconfigured, UnservableModel
 from wcached.keys import CacheKey
-from wcached.loaders.checkpoint import DIGEST_ALGORITHM, Checkpoint
+from wcached.loaders.checkpoint import Checkpoint
 from wcached.loaders.layout import FilledModel, PhaseClock, alias_entries, fill_segments_in_order, plan_layout
 from wcached.loaders.vllm import VllmModel
 from wcached.loaders.vllm.key import PROCESSED_GUARD, vllm_cache_key
@@ -339,14 +339,6 @@ def _free(storage: Any) -> None:
         storage.resize_(0)
 
 
-def _host_digest(ptr: int, nbytes: int) -> str:
-    view = memoryview((ctypes.c_char * nbytes).from_address(ptr)).cast("B")
-    try:
-        return xxhash.xxh3_128(view).hexdigest()
-    finally:
-        view.release()
-
-
 def fill(model: VllmModel, backend: MemoryBackend, instance: str, progress: ProgressFn) -> FilledModel:
     """This instance's rank of ``model``, loaded by vLLM, copied into segments."""
     import torch
@@ -393,7 +385,8 @@ def fill(model: VllmModel, backend: MemoryBackend, instance: str, progress: Prog
     for i, p in enumerate(placements):
         by_segment[p.segment].append(i)
     infos: dict[str, TensorInfo] = {}
-    digests = model.digest and device_type == "cpu"
+    # Host bytes are hashed by the CPU, GPU bytes on the GPU (no copy back).
+    algorithm = (tensor_digest.HOST if device_type == "cpu" else tensor_digest.DEVICE) if model.digest else ""
     if device_type != "cpu":
         torch.cuda.synchronize()  # vLLM's kernels have written everything
     done = 0
@@ -420,10 +413,19 @@ def fill(model: VllmModel, backend: MemoryBackend, instance: str, progress: Prog
                     offset=offset,
                     nbytes=nbytes,
                     kind=kind,
-                    digest=_host_digest(t.data_ptr(), nbytes) if digests and nbytes else "",
                 )
             done += group.nbytes
             progress(done, total)
+        if algorithm:
+            # Of vLLM's copies, before they are freed: the bytes just copied.
+            clock.lap("copy")
+            for i in by_segment[index]:
+                for name, t, _ in storages[i].members:
+                    nbytes = infos[name].nbytes
+                    if nbytes:
+                        d = tensor_digest.digest(t, algorithm, nbytes)
+                        infos[name] = msgspec.structs.replace(infos[name], digest=d)
+            clock.lap("digest")
         # This segment holds them now: give vLLM's copies back before the
         # next segment is allocated.
         for i in by_segment[index]:
@@ -441,8 +443,8 @@ def fill(model: VllmModel, backend: MemoryBackend, instance: str, progress: Prog
         "vllm.form": built.form,
         "vllm.processed_modules": ",".join(built.processed_modules),
     }
-    if digests:
-        attrs["digest"] = DIGEST_ALGORITHM
+    if algorithm:
+        attrs["digest"] = algorithm
     if model.fingerprint == "content":
         # The key keeps the header fingerprint (what an engine computes
         # cheaply to match); every checkpoint byte's hash is recorded
