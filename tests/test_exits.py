@@ -59,6 +59,8 @@ def test_causes_and_their_statuses(cls: type[errors.WcacheError], status: int) -
 
 def test_worker_errors_keep_their_class_across_the_wire() -> None:
     """A worker reports a code; the daemon exits with that cause's status."""
+    codes = [cls.__dict__.get("code") for cls in _all_errors()]
+    assert None not in codes and len(set(codes)) == len(codes), codes
     for cls in _all_errors():
         if cls in (errors.ConfigError, errors.KeyMismatch):
             continue

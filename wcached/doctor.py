@@ -25,7 +25,14 @@ from dataclasses import dataclass, field
 from wcached import exits
 from wcached.daemon import socket_dir
 from wcached.device import nvml_text
-from wcached.errors import CheckpointCorrupt, CheckpointMissing, ConfigError, FillMisconfigured, WcacheError
+from wcached.errors import (
+    CheckpointCorrupt,
+    CheckpointMissing,
+    CheckpointUnreadable,
+    ConfigError,
+    FillMisconfigured,
+    WcacheError,
+)
 
 PACKAGE_SOCKET_DIR = "/run/wcache"  # what the package's tmpfiles.d line creates
 DAEMON_USER = "wcache"
@@ -148,8 +155,6 @@ def check_models(r: Report, cfg, models: list) -> None:
 
 def _checkpoint_fix(e: WcacheError, path: str, key: str) -> str:
     """The fix that fits what is wrong with a checkpoint (by the error's kind)."""
-    from wcached.loaders.checkpoint import CheckpointUnreadable
-
     if isinstance(e, CheckpointMissing):
         return f"put the checkpoint at {path}, or fix {key} (is its filesystem mounted? findmnt -T {path})"
     # serve's path check says "unreadable" as a ConfigError naming the key.

@@ -100,6 +100,21 @@ class FillMisconfigured(FillError):
     exit_status = EX_CONFIG
 
 
+class CheckpointUnreadable(FillMisconfigured):
+    """The daemon's user cannot list or read a checkpoint path or one of its
+    files: no retry fixes it (exit 78); the message names the file, as
+    ``check-config`` and ``doctor`` name it."""
+
+    code = "checkpoint_unreadable"
+
+
+class TooManyFiles(FillMisconfigured):
+    """A checkpoint path with more than ``MAX_FILES`` files under it: not a
+    checkpoint (a mount point given by mistake)."""
+
+    code = "checkpoint_too_many_files"
+
+
 class WorkerDied(FillError):
     """The loader worker died without saying why (a signal, a crash in native
     code, an exit without a report): temporary as far as anyone can tell,
@@ -204,40 +219,11 @@ class KeyMismatch(WcacheError):
         super().__init__(message)
 
 
-_BY_CODE: dict[str, type[WcacheError]] = {
-    cls.code: cls
-    for cls in (
-        WcacheError,
-        ConfigError,
-        DeviceError,
-        DeviceNotReady,
-        LockHeldError,
-        LockForeign,
-        FillError,
-        CheckpointCorrupt,
-        FillMisconfigured,
-        WorkerDied,
-        WorkerNotRunnable,
-        OutOfMemory,
-        FillStalled,
-        UnservableModel,
-        CheckpointMissing,
-        ProtocolError,
-        FrameTooLarge,
-        VersionMismatch,
-        BadRequest,
-        UnknownModel,
-        ModelReleased,
-        PermissionRefused,
-        DaemonUnavailable,
-        TimeoutExpired,
-    )
-}
 
 
 def error_for_code(code: str, message: str) -> WcacheError:
     """Rebuild the exception a daemon reported as ``code``."""
-    cls = _BY_CODE.get(code, WcacheError)
+    cls = _by_code().get(code, WcacheError)
     if cls is ConfigError:
         return ConfigError(None, None, message)
     err = cls(message)
@@ -256,5 +242,13 @@ class Busy(WcacheError):
     code = "busy"
 
 
-_BY_CODE[Busy.code] = Busy
-_BY_CODE[ReadOnlyWeights.code] = ReadOnlyWeights
+def _by_code() -> dict[str, type[WcacheError]]:
+    """Every error class by its wire code (each class defined here has one of
+    its own: tests/test_exits.py checks that none is shared)."""
+    found: dict[str, type[WcacheError]] = {}
+    todo: list[type[WcacheError]] = [WcacheError]
+    while todo:
+        cls = todo.pop()
+        found.setdefault(cls.code, cls)
+        todo += cls.__subclasses__()
+    return found

@@ -14,12 +14,10 @@ import xxhash
 
 from tests.helpers import write_sharded
 from wcached.dtypes import DTYPES
-from wcached.errors import CheckpointCorrupt, CheckpointMissing, FillError
+from wcached.errors import CheckpointCorrupt, CheckpointMissing, CheckpointUnreadable, FillError, TooManyFiles
 from wcached.loaders.checkpoint import (
     Checkpoint,
-    CheckpointUnreadable,
     StoredTensor,
-    TooManyFiles,
     cast_pieces,
     read_pieces,
 )

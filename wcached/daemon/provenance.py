@@ -21,9 +21,9 @@ from collections.abc import Sequence
 import msgspec
 
 from wcached.daemon.fdstore import StoredModel
-from wcached.errors import CheckpointMissing
+from wcached.errors import CheckpointMissing, CheckpointUnreadable, TooManyFiles
 from wcached.loaders.base import EnvironmentUnknown, ModelConfig, get_loader, model_from_builtins
-from wcached.loaders.checkpoint import Checkpoint, CheckpointUnreadable, FileStamp, TooManyFiles
+from wcached.loaders.checkpoint import Checkpoint, FileStamp
 
 # [[model]] settings that change how a fill runs, not what it holds: changing
 # them does not make a stored fill stale.

@@ -28,7 +28,14 @@ import msgspec
 
 from wcached import tensor_digest
 from wcached.dtypes import DTYPES, Dtype
-from wcached.errors import CheckpointCorrupt, CheckpointMissing, FillError, FillMisconfigured
+from wcached.errors import (
+    CheckpointCorrupt,
+    CheckpointMissing,
+    CheckpointUnreadable,
+    FillError,
+    FillMisconfigured,
+    TooManyFiles,
+)
 from wcached.memory.base import preadv_full
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -43,17 +50,6 @@ MAX_FILES = 100_000
 READ_CHUNK = 64 << 20
 # Bytes read from each end of a file whose format has no header to hash.
 SAMPLE_BYTES = 1 << 20
-
-
-class CheckpointUnreadable(FillMisconfigured):
-    """The daemon's user cannot list or read a checkpoint path or one of its
-    files: no retry fixes it (exit 78); the message names the file."""
-
-    code = "checkpoint_unreadable"
-
-
-class TooManyFiles(FillMisconfigured):
-    """A checkpoint path with more than :data:`MAX_FILES` files under it."""
 
 
 class FileStamp(msgspec.Struct, frozen=True, array_like=True):
