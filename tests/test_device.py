@@ -76,3 +76,30 @@ def test_nvml_not_ready_is_retried_an_absent_gpu_is_not(monkeypatch) -> None:
     fake.nvmlDeviceGetHandleByIndex = resetting
     with pytest.raises(DeviceNotReady, match="NVML failed"):
         device._resolve_gpu("0")
+
+
+def test_the_isolated_resolver_keeps_not_ready_apart_from_absent(monkeypatch) -> None:
+    """The daemon resolves a GPU in a child process (no CUDA state in the
+    daemon): the child's exit status carries the kind, so NVML not ready at
+    boot stays retried (69) and a GPU that is not there stays 78."""
+    import subprocess
+
+    from wcached import device
+    from wcached.errors import DeviceNotReady
+
+    def child(status: int, line: str):
+        def run(argv, **kw):
+            return subprocess.CompletedProcess(argv, status, "", f"Traceback...\n{line}\n")
+
+        return run
+
+    monkeypatch.setattr(
+        device.subprocess, "run", child(69, "instance '0' is a GPU, but NVML could not start")
+    )
+    with pytest.raises(DeviceNotReady, match="NVML could not start") as e:
+        device._resolve_gpu_isolated("0")
+    assert e.value.exit_status == 69
+    monkeypatch.setattr(device.subprocess, "run", child(78, "instance '3': no GPU with index 3 (1 present)"))
+    with pytest.raises(DeviceError, match="no GPU with index 3") as e:
+        device._resolve_gpu_isolated("3")
+    assert type(e.value) is DeviceError and e.value.exit_status == 78

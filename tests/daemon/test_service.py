@@ -560,3 +560,26 @@ def test_a_socket_dir_the_daemons_user_cannot_write_gets_a_fix_that_works(work: 
     finally:
         proc.terminate()
         proc.wait(15)
+
+
+def test_a_worker_the_oom_killer_took_is_out_of_memory_another_signal_a_dead_worker(monkeypatch) -> None:
+    """The cgroup's oom_kill count decides: one more than before the fill is
+    out of memory (75, retried with a growing delay), none more is a worker
+    that died (70). Neither is ever "corrupt"."""
+    from wcached.daemon import filler
+    from wcached.errors import OutOfMemory, WorkerDied
+
+    class Killed:
+        def wait(self, timeout: float) -> int:
+            return -signal.SIGKILL
+
+    monkeypatch.setattr(filler, "oom_kills", lambda: 3)
+    err = filler._worker_death(Killed(), ooms_before=2)
+    assert type(err) is OutOfMemory and err.exit_status == 75
+    assert "out-of-memory killer (SIGKILL)" in str(err)
+    err = filler._worker_death(Killed(), ooms_before=3)
+    assert type(err) is WorkerDied and err.exit_status == 70
+    assert "killed by SIGKILL (the out-of-memory killer?" in str(err)
+    # Where the count cannot be read, the signal alone decides nothing more.
+    monkeypatch.setattr(filler, "oom_kills", lambda: None)
+    assert type(filler._worker_death(Killed(), ooms_before=2)) is WorkerDied

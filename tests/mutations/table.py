@@ -162,7 +162,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "fingerprint blind to rewrites",
-        "wcached/loaders/safetensors.py",
+        "wcached/loaders/checkpoint.py",
         'h.update(struct.pack("<QQQQQ", len(name), cf.size, cf.ino, cf.mtime_ns, len(cf.header)))',
         'h.update(struct.pack("<QQQQQ", len(name), cf.size, 0, 0, len(cf.header)))',
         (
@@ -331,11 +331,12 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/test_exits.py::test_the_unit_retries_exactly_the_retried_statuses",),
     ),
     Mutation(
-        "a tensor cast at fill is read with one call",
-        "wcached/loaders/safetensors.py",
-        "    _check_complete(t, preadv_full(fd, [memoryview(raw)], t.data_start))",
-        "    _check_complete(t, os.preadv(fd, [raw], t.data_start))",
+        "a tensor cast at fill is read whole with one call",
+        "wcached/loaders/checkpoint.py",
+        "        got = preadv_full(fd, [buf[:want]], t.data_start + done)",
+        "        got = os.preadv(fd, [buf[:want]], t.data_start + done)",
         ("tests/test_verify.py::test_tensors_over_2_gib_fill_cast_and_verify",),
+        more=(("READ_CHUNK = 64 << 20", "READ_CHUNK = 1 << 40"),),
     ),
     Mutation(
         "the daemon's own liveness probe is refused when every slot is a lease",
@@ -416,5 +417,47 @@ MUTATIONS: tuple[Mutation, ...] = (
         '        state = "DIFFERS" if rep.problems else "ok"',
         ("tests/test_verify.py::test_nothing_compared_is_not_verified",),
         more=(("        unverified += not rep.problems and not compared", "        unverified += 0"),),
+    ),
+    Mutation(
+        "a checkpoint file the daemon's user cannot open passes the check",
+        "wcached/loaders/checkpoint.py",
+        "                fd = os.open(f, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)",
+        "                continue",
+        (
+            "tests/loaders/test_checkpoint.py::test_an_unopenable_shard_is_named",
+            "tests/test_cli.py::test_an_unreadable_shard_in_a_readable_directory_is_78_in_the_words_check_config_uses",
+        ),
+    ),
+    Mutation(
+        "the out-of-memory killer's victim is a dead worker",
+        "wcached/daemon/filler.py",
+        "            return OutOfMemory(f\"loader worker was killed by the kernel",
+        "            return WorkerDied(f\"loader worker was killed by the kernel",
+        (
+            "tests/daemon/test_service.py::"
+            "test_a_worker_the_oom_killer_took_is_out_of_memory_another_signal_a_dead_worker",
+        ),
+    ),
+    Mutation(
+        "the isolated resolver makes NVML not ready permanent",
+        "wcached/device.py",
+        "        raise (DeviceNotReady if r.returncode == DeviceNotReady.exit_status else DeviceError)"
+        "(message)",
+        "        raise DeviceError(message)",
+        ("tests/test_device.py::test_the_isolated_resolver_keeps_not_ready_apart_from_absent",),
+    ),
+    Mutation(
+        "a loader environment that cannot be told now is a change",
+        "wcached/daemon/provenance.py",
+        "        raise EnvironmentAway(str(e)) from None",
+        "        raise NotRestorable(str(e)) from None",
+        ("tests/daemon/test_holdings.py::test_a_loader_environment_that_cannot_be_told_now_is_away",),
+    ),
+    Mutation(
+        "the GPU digest ignores where a word is",
+        "wcached/tensor_digest.py",
+        "        sums[0] += _mix(words + _mix(index ^ _signed(_SEED1))).sum()",
+        "        sums[0] += _mix(words).sum()",
+        ("tests/test_tensor_digest.py::test_device_digest_is_the_documented_formula",),
     ),
 )

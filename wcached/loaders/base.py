@@ -117,7 +117,8 @@ class ModelConfig(
     # How the cache key identifies the checkpoint: "header" hashes file
     # names, sizes and headers; "content" hashes every byte.
     fingerprint: Literal["header", "content"] = "header"
-    # Record a per-tensor xxh3-128 digest (for `wcached verify`).
+    # Record a digest of every tensor (for `wcached verify`): xxh3-128 of host
+    # memory, wmix128 computed on the GPU for GPU memory (wcached.tensor_digest).
     digest: bool = True
     # Threads reading the checkpoint; "auto" = one per core, at most 16.
     read_threads: int | Literal["auto"] = "auto"
