@@ -90,7 +90,7 @@ def test_check_config_as_the_daemons_user_finds_what_serve_would_trip_over(work:
     r = subprocess.run([*argv, "--user", "nobody"], capture_output=True, text=True, env=env)
     assert r.returncode == 78, r.stdout + r.stderr
     assert "checked as user nobody" in r.stderr
-    assert f"user 'nobody' cannot list {ckpt}" in r.stderr
+    assert f"checkpoint directory {ckpt} cannot be read by user 'nobody'" in r.stderr
     assert f"{run / 'cpu0.lock'} belongs to user root, not to nobody" in r.stderr
     assert f"key 'daemon.metrics_dir': {metrics} is not writable by uid" in r.stderr
 

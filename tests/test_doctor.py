@@ -61,7 +61,7 @@ def test_planted_problems_are_reported_with_their_fixes(work: Path, sharded_ckpt
     assert "planted by the test" in line
     assert "pip install 'tqdm'" in fix and "python3-tqdm" in fix
 
-    line, fix = _problem(out, "user 'nobody' cannot list")
+    line, fix = _problem(out, f"checkpoint directory {ckpt} cannot be read by user 'nobody'")
     assert str(ckpt) in line and "path of model 'private'" in line
     assert fix.startswith(f"setfacl -R -m u:nobody:rX {ckpt}"), fix
 

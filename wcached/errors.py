@@ -219,8 +219,6 @@ class KeyMismatch(WcacheError):
         super().__init__(message)
 
 
-
-
 def error_for_code(code: str, message: str) -> WcacheError:
     """Rebuild the exception a daemon reported as ``code``."""
     cls = _by_code().get(code, WcacheError)

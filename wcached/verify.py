@@ -93,7 +93,7 @@ def _compare_disk(manifest: Any, model: ModelConfig, rep: Report) -> None:
 
     from wcached.dtypes import BY_TORCH_NAME
     from wcached.errors import CheckpointCorrupt, FillError
-    from wcached.loaders.checkpoint import Checkpoint, cast_pieces, read_pieces
+    from wcached.loaders.checkpoint import Checkpoint, OpenFiles, cast_pieces, read_pieces
 
     try:
         ckpt = Checkpoint(model.path).headers()
@@ -101,8 +101,7 @@ def _compare_disk(manifest: Any, model: ModelConfig, rep: Report) -> None:
         rep.problems.append(f"checkpoint {model.path}: {e}")
         return
     by_name = {i.name: i for i in manifest.tensors}
-    fds: dict[str, int] = {}
-    try:
+    with OpenFiles() as files:
         for t in ckpt.tensors:
             info = by_name.get(t.name)
             if info is None:
@@ -112,28 +111,25 @@ def _compare_disk(manifest: Any, model: ModelConfig, rep: Report) -> None:
                 continue
             if not info.digest:
                 continue
-            fd = fds.get(t.file)
-            if fd is None:
-                fd = fds[t.file] = os.open(t.file, os.O_RDONLY | os.O_CLOEXEC)
             out = BY_TORCH_NAME[info.dtype]
-            h = xxhash.xxh3_128()
+            h = xxhash.xxh3_128()  # tensor_digest.HOST, streamed
             try:
+                fd = files.fd(t.file)
                 # Read (and cast) as the fill did, a piece at a time.
                 for piece in read_pieces(fd, t) if out is t.dtype else cast_pieces(fd, t, out):
                     h.update(piece)
             except CheckpointCorrupt:
                 rep.problems.append(f"{t.name}: {os.path.basename(t.file)} is truncated now")
                 continue
-            digest = h.hexdigest()
+            except FillError as e:
+                rep.problems.append(f"{t.name}: {e}")
+                continue
             rep.checked_disk += 1
-            if digest != info.digest:
+            if h.hexdigest() != info.digest:
                 rep.problems.append(
                     f"{t.name}: {os.path.basename(t.file)} on disk differs from what is served "
                     "(the checkpoint changed since the fill)"
                 )
-    finally:
-        for fd in fds.values():
-            os.close(fd)
 
 
 def run(instance: str, model_name: str | None, config: str | None, socket_dir: str | None) -> int:

@@ -172,7 +172,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "verify does not compare the checkpoint",
         "wcached/verify.py",
-        "            if digest != info.digest:",
+        "            if h.hexdigest() != info.digest:",
         "            if False:",
         ("tests/test_verify.py::test_verify_passes_then_names_a_tensor_rewritten_in_place",),
     ),
@@ -431,8 +431,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "the out-of-memory killer's victim is a dead worker",
         "wcached/daemon/filler.py",
-        "            return OutOfMemory(f\"loader worker was killed by the kernel",
-        "            return WorkerDied(f\"loader worker was killed by the kernel",
+        '            return OutOfMemory(f"loader worker was killed by the kernel',
+        '            return WorkerDied(f"loader worker was killed by the kernel',
         (
             "tests/daemon/test_service.py::"
             "test_a_worker_the_oom_killer_took_is_out_of_memory_another_signal_a_dead_worker",

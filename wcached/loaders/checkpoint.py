@@ -130,14 +130,18 @@ class Checkpoint:
             raise CheckpointMissing(f"checkpoint {path} does not exist (not mounted yet?)") from None
         except OSError as e:
             raise CheckpointUnreadable(
-                f"checkpoint {path} cannot be looked at by user {_user()!r} ({e.strerror})"
+                f"checkpoint {path} cannot be read by user {_user()!r} "
+                f"({e.strerror}: a directory above it it may not search?)"
             ) from None
         if not stat.S_ISDIR(st.st_mode):
             return [path]
         files: list[str] = []
 
         def cannot_list(e: OSError) -> None:
-            raise CheckpointUnreadable(f"user {_user()!r} cannot list {e.filename} ({e.strerror})")
+            raise CheckpointUnreadable(
+                f"checkpoint directory {e.filename} cannot be read by user {_user()!r} "
+                f"({e.strerror}: it may not list it)"
+            )
 
         for root, dirs, names in os.walk(path, onerror=cannot_list):
             dirs[:] = sorted(d for d in dirs if not d.startswith("."))
@@ -401,6 +405,43 @@ def check_complete(t: StoredTensor, got: int) -> None:
         raise CheckpointCorrupt(
             f"{t.file}: truncated: tensor {t.name!r} ended after {max(got, 0)} of {t.nbytes} bytes"
         )
+
+
+class OpenFiles:
+    """A reader's fds of the checkpoint's files, each opened once when first
+    asked for and closed together. ``sequential``: tell the kernel the file
+    is read front to back (its readahead then sees one sequential reader)."""
+
+    def __init__(self, sequential: bool = False) -> None:
+        self.sequential = sequential
+        self._fds: dict[str, int] = {}
+
+    def fd(self, path: str) -> int:
+        fd = self._fds.get(path)
+        if fd is None:
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except PermissionError as e:
+                raise CheckpointUnreadable(
+                    f"checkpoint file {path} cannot be read by user {_user()!r} ({e.strerror})"
+                ) from None
+            except FileNotFoundError:
+                raise CheckpointMissing(f"checkpoint file {path} vanished while it was read") from None
+            self._fds[path] = fd
+            if self.sequential:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        return fd
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+    def __enter__(self) -> OpenFiles:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def read_pieces(fd: int, t: StoredTensor, chunk: int = READ_CHUNK) -> Iterator[memoryview]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import concurrent.futures
 import hashlib
 import math
-import os
 import threading
 import time
 
@@ -26,6 +25,7 @@ from wcached.loaders.base import ModelConfig
 from wcached.loaders.checkpoint import (
     Checkpoint,
     Headers,
+    OpenFiles,
     StoredTensor,
     cast_pieces,
     check_complete,
@@ -192,18 +192,9 @@ class SafetensorsLoader:
             # A stream reads its stretch of the checkpoint front to back
             # through fds of its own, so the kernel's readahead sees one
             # sequential reader per thread rather than interleaved chunks.
-            fds: dict[str, int] = {}
-            try:
+            with OpenFiles(sequential=True) as files:
                 for run in runs:
-                    path = tensors[run[0]].file
-                    fd = fds.get(path)
-                    if fd is None:
-                        fd = fds[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-                        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
-                    copy(run, fd)
-            finally:
-                for fd in fds.values():
-                    os.close(fd)
+                    copy(run, files.fd(tensors[run[0]].file))
 
         cast = [d is not t.dtype for d, t in zip(out_dtypes, tensors, strict=True)]
         runs = _runs(tensors, placements, cast)
