@@ -5,7 +5,7 @@ bfloat16 into host memory, by the safetensors loader as it is now (the cast
 reads and converts pieces of ``READ_CHUNK`` bytes), and, side by side in the
 same run, by a whole-tensor cast (read all of it, convert, copy: how fills
 cast before the checkpoint owner read in pieces). Each runs in a fresh
-process; the figure is its peak resident memory (``ru_maxrss``) above what
+process; the figure is its peak resident memory (``VmHWM``) above what
 the process held after importing torch, next to the 1.12 GB the filled
 segment itself must hold.
 
@@ -26,12 +26,16 @@ from common import REPO, write_result
 N = 560_000_000  # 2.24 GB as float32
 
 CHILD = r"""
-import json, os, resource, sys, time
+import json, os, sys, time
 sys.path.insert(0, sys.argv[3])
 import torch
 
 def rss():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    # The high-water mark of this process's own memory (VmHWM: ru_maxrss
+    # would carry the parent's across fork and exec).
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
 
 from wcached.loaders.checkpoint import Checkpoint, read_pieces
 from wcached.loaders.safetensors import SafetensorsLoader, SafetensorsModel
@@ -58,7 +62,7 @@ else:
     segment = len(data)
     seg = mmap.mmap(-1, segment)
     seg[:] = data
-print(json.dumps({"how": how, "peak_above_import": rss() - base, "segment_bytes": segment,
+print(json.dumps({"how": how, "peak_above_import": rss() - base, "base": base, "segment_bytes": segment,
                   "seconds": time.monotonic() - start}))
 """
 
@@ -72,7 +76,9 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(dir=args.dir) as d:
         path = Path(d) / "model.safetensors"
-        save_file({"big": torch.arange(N, dtype=torch.float32).remainder_(65521.0)}, str(path))
+        big = torch.arange(N, dtype=torch.float32).remainder_(65521.0)
+        save_file({"big": big}, str(path))
+        del big
         runs = {}
         for how in ("whole", "pieces"):
             out = subprocess.run(
@@ -93,7 +99,7 @@ def main() -> None:
             f"| {label} | {r['peak_above_import'] / 2**30:.2f} GiB | "
             f"{r['peak_above_import'] / seg:.2f}x | {r['seconds']:.1f} |"
         )
-    ratio = runs["whole"]["peak_above_import"] / runs["pieces"]["peak_above_import"]
+    ratio = runs["whole"]["peak_above_import"] / max(runs["pieces"]["peak_above_import"], 1)
     rows.append(
         f"\nThe piecewise cast holds {ratio:.1f}x less host memory, measured side by side in this run."
     )
