@@ -159,7 +159,7 @@ def _checkpoint_fix(e: WcacheError, path: str, key: str) -> str:
         return f"put the checkpoint at {path}, or fix {key} (is its filesystem mounted? findmnt -T {path})"
     # serve's path check says "unreadable" as a ConfigError naming the key.
     if isinstance(e, CheckpointUnreadable | ConfigError):
-        return f"let the daemon's user read it: setfacl -R -m u:{DAEMON_USER}:rX {shlex.quote(path)}"
+        return f"let the daemon's user read it: {read_fix(DAEMON_USER, path)}"
     damaged = re.match(r"(\S+): (truncated|corrupt|tensor)", str(e))
     if isinstance(e, CheckpointCorrupt) and damaged:
         file = damaged.group(1)
@@ -170,6 +170,23 @@ def _checkpoint_fix(e: WcacheError, path: str, key: str) -> str:
     if isinstance(e, CheckpointCorrupt | FillMisconfigured):
         return f"the checkpoint at {path} is incomplete: download it again, or fix {key}"
     return f"repair the checkpoint at {path}, or fix {key}"
+
+
+def read_fix(user: str, path: str) -> str:
+    """Commands that let ``user`` read the checkpoint at ``path``: its group
+    first (chgrp and chmod are on every host; setfacl is not on a minimal
+    Debian), an ACL as the alternative where setfacl is installed."""
+    import shutil
+
+    try:
+        group = grp.getgrgid(pwd.getpwnam(user).pw_gid).gr_name
+    except KeyError:
+        group = user
+    q = shlex.quote(path)
+    fix = f"chgrp -R {group} {q} && chmod -R g+rX {q}"
+    if shutil.which("setfacl"):
+        fix += f"  (or, keeping its group: setfacl -R -m u:{user}:rX {q})"
+    return fix
 
 
 def check_user_access(r: Report, cfg, models: list, user: str) -> None:
@@ -201,11 +218,7 @@ def check_user_access(r: Report, cfg, models: list, user: str) -> None:
         # serve's own path check, as check-config reports it (key "path of model 'x'").
         m = re.search(r"key \"path of model '(.+?)'\"", line)
         if m and m.group(1) in paths:
-            path = shlex.quote(paths[m.group(1)])
-            r.fail(
-                line,
-                f"setfacl -R -m u:{user}:rX {path}  (or: chgrp -R {user} {path} && chmod -R g+rX {path})",
-            )
+            r.fail(line, read_fix(user, paths[m.group(1)]))
         elif line and not line.endswith("checked as user " + user + ":") and "problem(s)" not in line:
             r.fail(f"as user {user}: {line}", "see the line above; wcached check-config --user " + user)
 

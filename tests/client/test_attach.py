@@ -50,3 +50,29 @@ def test_attachment_is_a_lease(cpu_config: Path) -> None:
 def test_unavailable_daemon(tmp_path: Path) -> None:
     with pytest.raises(DaemonUnavailable, match="no daemon socket"):
         attach("default", "cpu0", socket_dir=str(tmp_path))
+
+
+def test_a_client_attaches_without_nvml(cpu_config: Path) -> None:
+    """An engine's virtualenv on a CPU host has no nvidia-ml-py (it is the
+    `[cuda]` extra, and Debian does not package it): attaching and reading
+    tensors must not import it, and the wheel must not require it."""
+    import subprocess
+    import sys
+    import tomllib
+
+    from tests.helpers import REPO
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert not any(d.startswith("nvidia-ml-py") for d in project["dependencies"])
+    assert any(d.startswith("nvidia-ml-py") for d in project["optional-dependencies"]["cuda"])
+    with run_daemon(cpu_config) as d:
+        code = (
+            "import sys\n"
+            "sys.modules['pynvml'] = None  # import pynvml now raises ImportError\n"
+            "from wcached.client import attach\n"
+            f"with attach('default', 'cpu0', socket_dir={d.socket_dir!r}) as a:\n"
+            "    print(len(a.tensors), float(next(iter(a.tensors.values())).float().sum()))\n"
+        )
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    assert int(r.stdout.split()[0]) > 0
