@@ -224,6 +224,9 @@ def test_truncated_checkpoint_fails_fill_naming_file_and_tensor(work: Path) -> N
     log = d.log()
     assert rc == EX_DATAERR, log
     assert str(shard) in log and "'b'" in log and "truncated" in log
+    # The journal reads in order: the cause, then that the daemon stopped.
+    assert log.index("truncated") < log.index(f"stopped (exit {EX_DATAERR})"), log
+    assert "INFO wcached daemon: stopped\n" not in log
     assert not os.path.exists(d.socket_path)
     assert not any(m.startswith("READY=1") for m in d.notify.messages)
 

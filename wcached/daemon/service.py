@@ -130,7 +130,6 @@ class Service:
             self.holdings.close()
             self._close_metrics()
             lock.release()
-            log.info("stopped")
 
     # -- metrics ----------------------------------------------------------
 
@@ -315,6 +314,7 @@ def serve(instance: str, config_path: str | None) -> int:
     # The instance as systemd names it (wcached@<instance>): what an
     # operator filters the journal by.
     setup_logging("info", instance=instance)
+    started = False
     try:
         cfg = load_config(config_path)
         device = resolve_instance(instance, isolated=True)
@@ -327,14 +327,23 @@ def serve(instance: str, config_path: str | None) -> int:
         log.info(
             "wcached %s starting %s (%s) with %s", __version__, device.instance_id, device.name, cfg.source
         )
-        return Service(settings, device, policy).run()
+        service = Service(settings, device, policy)
+        started = True
+        status = service.run()
+        log.info("stopped")
+        return status
     except WcacheError as e:
+        # The cause first, then that it stopped (the journal reads in order).
         log.error("%s", e)
         Notifier().status(f"failed: {e}")
+        if started:
+            log.info("stopped (exit %d)", e.exit_status)
         return e.exit_status
     except Exception as e:
         # Never a bare traceback at exit 1: the traceback at error priority,
         # and a status that says "software error" to the unit and the reader.
         log.exception("unexpected error, exiting with %d: %s", EX_SOFTWARE, e)
         Notifier().status(f"failed: unexpected {type(e).__name__}: {e}")
+        if started:
+            log.info("stopped (exit %d)", EX_SOFTWARE)
         return EX_SOFTWARE
