@@ -150,7 +150,7 @@ Id=wcached@cpu2.service
 ActiveState=activating
 SubState=auto-restart
 Result=exit-code
-StatusText=
+StatusText=failed: out of memory: loader worker was killed by the kernel's out-of-memory killer (SIGKILL)
 ExecMainCode=1
 ExecMainStatus=75
 """
@@ -184,6 +184,8 @@ def test_status_shows_instances_without_a_socket_from_their_units(tmp_path: Path
     assert "1: failed: /etc/wcache/wcached.toml: model[0].dtype: ..." in text
     assert "journalctl -u wcached@1.service -e" in text
     assert "cpu2: last run exit status 75: out of device or host memory while filling" in text
+    # The daemon's last word once, under the meaning of its exit status.
+    assert text.count("cpu2: failed: out of memory: loader worker was killed") == 1, text
     # An instance stopped cleanly is left out, unless asked for by name.
     stopped = msgspec.structs.replace(units[1], active_state="inactive", sub_state="dead", result="success")
     assert [v.instance for v in gather(str(tmp_path), None, 1.0, [units[0], stopped])] == ["0"]

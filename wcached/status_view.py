@@ -357,7 +357,8 @@ def table(views: list[InstanceView]) -> str:
 
 def _notes(v: InstanceView) -> list[str]:
     notes = []
-    if v.state in ("filling", "starting", "restarting") and v.unit_status:
+    # A failed run's last word is given under its exit status, below.
+    if v.state in ("filling", "starting", "restarting") and v.unit_status and not v.exit_meaning:
         notes.append(f"{v.instance}: {v.unit_status}")
     if v.exit_meaning:
         ran = "last run " if v.state == "restarting" else ""
