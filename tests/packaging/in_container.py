@@ -270,6 +270,8 @@ def main() -> None:
         # operator with many instances does.
         by_model = sh("journalctl -u 'wcached@*' WCACHED_MODEL=default -o cat --no-pager").stdout
         assert "filled default" in by_model or "restored default" in by_model, by_model
+        # A client's attach and its detach, both found by the model's name.
+        assert "attached to default" in by_model and "detached from default" in by_model, by_model
         assert "serving cpu0 on" not in by_model  # about the instance, not the model
         by_instance = sh("journalctl WCACHED_INSTANCE=cpu0 -o cat --no-pager").stdout
         assert "serving cpu0 on /run/wcache/cpu0.sock" in by_instance, by_instance

@@ -281,8 +281,9 @@ class Server:
                 with self._lock:
                     del self._sessions[id(session)]
                 self.changed.set()
-                if session.models:
-                    log.info("client pid %d detached from %s", peer.pid, ", ".join(sorted(session.models)))
+                # One record per model: journalctl WCACHED_MODEL=<name> finds it.
+                for name in sorted(session.models):
+                    log.info("client pid %d detached from %s", peer.pid, name, extra={"model": name})
 
     def _converse(self, chan: Channel, session: Session, timeout: float) -> None:
         peer = session.peer
