@@ -210,3 +210,21 @@ def test_a_unit_systemd_gave_up_on_gets_reset_failed() -> None:
     line, fix = _problem("\n".join(report.lines), "wcached@cpu1.service")
     assert "started too often in 10 minutes" in line
     assert fix.endswith("systemctl reset-failed wcached@cpu1.service && systemctl start wcached@cpu1.service")
+
+
+def test_versions_are_the_installed_distributions(monkeypatch) -> None:
+    """A module's own version attribute can lag behind what is installed:
+    doctor names the distribution's version."""
+    import types
+
+    from wcached import doctor
+
+    stale = types.SimpleNamespace(VERSION="3.0.0")
+    monkeypatch.setattr(doctor, "_module", lambda name: (stale, "3.0.0"))
+    monkeypatch.setattr(doctor, "_distribution_version", lambda name: {"xxhash": "3.2.0"}.get(name, ""))
+    r = doctor.Report()
+    doctor.check_python(r)
+    text = "\n".join(r.lines)
+    assert "xxhash 3.2.0" in text and "xxhash 3.0.0" not in text, text
+    # Where no distribution is found (a source checkout), the module's own.
+    assert "msgspec 3.0.0" in text

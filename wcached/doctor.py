@@ -89,7 +89,10 @@ def check_python(r: Report) -> None:
                 f"apt install {deb}" if in_package else f"{_pip(pip)} (or apt install {deb})",
             )
         else:
-            r.ok(f"{mod} {detail or _distribution_version(pip)}")
+            # The installed distribution's version (what pip or apt put
+            # there); a module's own attribute can lag behind it (xxhash's
+            # VERSION named 3.0.0 with 3.2.0 installed).
+            r.ok(f"{mod} {_distribution_version(pip) or detail}")
 
 
 def _distribution_version(name: str) -> str:

@@ -157,6 +157,7 @@ def test_textfile_and_endpoint_count_what_clients_did(work: Path, sharded_ckpt: 
     try:
         # Written before READY: at once what was filled, nothing counted yet.
         first = _samples(_textfile(metrics_dir, "cpu0"))
+        assert "_created" not in _textfile(metrics_dir, "cpu0")  # no timestamp series per counter
         ref = attach("default", "cpu0", socket_dir=d0.socket_dir, keep_lease=False)
         held.append(ref)
         m = ref.manifest

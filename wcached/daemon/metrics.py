@@ -112,8 +112,12 @@ class Metrics(NoMetrics):
     """The registry of one instance, and the counters the server increments."""
 
     def __init__(self, instance_id: str, gpu_uuid: str, models: Iterable[str]):
-        from prometheus_client import CollectorRegistry, Counter
+        from prometheus_client import CollectorRegistry, Counter, disable_created_metrics
 
+        # No *_created series beside each counter (a timestamp per sample that
+        # dashboards do not use and that doubles the series): off, as most
+        # exporters have it. Process-wide; the daemon is the only user.
+        disable_created_metrics()
         self.instance_id = instance_id
         self.gpu_uuid = gpu_uuid
         self.registry = CollectorRegistry()
