@@ -51,3 +51,29 @@ def sharded_ckpt(tmp_path_factory) -> Path:
 @pytest.fixture
 def cpu_config(work: Path, sharded_ckpt: Path) -> Path:
     return tied_model_config(work, sharded_ckpt, "64KiB", connection_timeout_s=2.0)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    """One closing line: how many tests were skipped, grouped by why, so a
+    green `make test` that skipped the package or GPU tests says so."""
+    skipped = terminalreporter.stats.get("skipped", [])
+    if not skipped:
+        return
+    why: dict[str, int] = {}
+    for report in skipped:
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        reason = reason.removeprefix("Skipped: ")
+        why[reason] = why.get(reason, 0) + 1
+    parts = [f"{n} {reason}" for reason, n in sorted(why.items(), key=lambda kv: -kv[1])]
+    config.stash[_SKIP_LINE] = f"wcached: {len(skipped)} skipped: " + "; ".join(parts)
+
+
+_SKIP_LINE = pytest.StashKey[str]()
+
+
+def pytest_unconfigure(config) -> None:
+    # After pytest's own counts: the last line a reader sees.
+    line = config.stash.get(_SKIP_LINE, "")
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if line and reporter is not None:
+        reporter.write_line(line)

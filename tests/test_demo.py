@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from tests.helpers import NotifyListener
+from tests.helpers import REPO, NotifyListener
 from wcached.demo import LLAMA_TINY, generate_llama, llama_shapes
 
 
@@ -61,6 +61,16 @@ def test_demo_serves_and_stops_on_ctrl_c(tmp_path: Path) -> None:
             assert r.returncode == 0, (cmd, r.stdout, r.stderr)
         attached = subprocess.run(["bash", "-c", commands[0]], capture_output=True, text=True, env=new_shell)
         assert attached.stdout.strip() == f"{len(llama_shapes(LLAMA_TINY))} tensors"
+        # The README's snippet as printed, from the repository in a new shell;
+        # only the socket directory is this test's, not build/demo/run.
+        readme = (REPO / "README.md").read_text()
+        section = readme[readme.index("## Attaching from Python") :]
+        snippet = section[section.index("```sh\n") + 6 : section.index("\n```", section.index("```sh\n"))]
+        assert "build/demo/run" in snippet and snippet.startswith(".venv/bin/python"), snippet
+        snippet = snippet.replace("build/demo/run", str(tmp_path / "demo" / "run"))
+        r = subprocess.run(["bash", "-c", snippet], capture_output=True, text=True, env=new_shell, cwd=REPO)
+        assert r.returncode == 0, (r.stdout, r.stderr)
+        assert f" {len(llama_shapes(LLAMA_TINY))}" in r.stdout, r.stdout
         proc.send_signal(signal.SIGINT)
         assert proc.wait(15) == 0
         assert "received SIGINT" in proc.stderr.read()

@@ -48,8 +48,23 @@ def build_epoch() -> int:
         return int(time.time())
 
 
+# What building the package needs: apt install debhelper dh-python build-essential.
+BUILD_PACKAGES = "debhelper dh-python build-essential"
+
+
 def missing_tools() -> list[str]:
-    return [t for t in ("dpkg-buildpackage", "dh", "dh_python3") if shutil.which(t) is None]
+    """Tools and packages dpkg-buildpackage needs that this host lacks
+    (dpkg-checkbuilddeps refuses to build without build-essential)."""
+    missing = [t for t in ("dpkg-buildpackage", "dh", "dh_python3") if shutil.which(t) is None]
+    try:
+        status = subprocess.run(
+            ["dpkg-query", "-W", "-f=${Status}", "build-essential"], capture_output=True, text=True
+        ).stdout
+    except OSError:
+        status = ""
+    if "install ok installed" not in status:
+        missing.append("build-essential")
+    return missing
 
 
 def prepare(src: Path, ver: str, epoch: int) -> None:
@@ -109,7 +124,7 @@ def build(out_dir: Path, work: Path, ver: str | None = None) -> Path:
     and the daemon's own ``__version__``)."""
     missing = missing_tools()
     if missing:
-        raise SystemExit(f"build_deb: {', '.join(missing)} not found: apt install debhelper dh-python")
+        raise SystemExit(f"build_deb: {', '.join(missing)} not found: apt install {BUILD_PACKAGES}")
     ver = ver or version()
     epoch = build_epoch()
     src = work / f"wcached-{ver}"

@@ -99,7 +99,7 @@ def _missing() -> str:
         return "booting a container needs root"
     missing_tools = _builder().missing_tools()
     if missing_tools:
-        return f"needs {', '.join(missing_tools)} (apt install debhelper dh-python)"
+        return f"needs {', '.join(missing_tools)} (apt install {_builder().BUILD_PACKAGES})"
     if shutil.which("dpkg-deb") is None:
         return "needs dpkg-deb (a Debian host)"
     return ""
