@@ -10,8 +10,8 @@ import sys
 
 import msgspec
 
-from wcached import __version__
-from wcached.config import DEFAULT_CONFIG_PATH, default_config_path, instance_settings, load_config
+from wcached import __version__, defaults
+from wcached.config import instance_settings, load_config
 from wcached.errors import EX_CONFIG, WcacheError
 
 # systemctl's convention: 3 = not running.
@@ -39,7 +39,7 @@ def _parser() -> argparse.ArgumentParser:
         sp.add_argument(
             "--config",
             default=None,
-            help=f"config file (default: $WCACHED_CONFIG or {DEFAULT_CONFIG_PATH})",
+            help=f"config file (default: ${defaults.CONFIG_ENV} or {defaults.CONFIG_PATH})",
         )
         sp.set_defaults(func=func)
         return sp
@@ -68,7 +68,9 @@ def _parser() -> argparse.ArgumentParser:
         "doctor", "say what this host lacks to run wcached, and the command that fixes each problem", _doctor
     )
     sp.add_argument("instance", nargs="?", help="check this instance's models and unit only")
-    sp.add_argument("--user", default="wcache", help="the daemon's user, whose access is checked (as root)")
+    sp.add_argument(
+        "--user", default=defaults.DAEMON_USER, help="the daemon's user, whose access is checked (as root)"
+    )
     return p
 
 
@@ -104,7 +106,7 @@ def _check_config(args: argparse.Namespace) -> int:
             print(f"wcached: checking as user {args.user} needs root", file=sys.stderr)
             return EX_CONFIG
         argv = [sys.executable, "-m", "wcached", "check-config"]
-        argv += ["--config", os.path.abspath(args.config or default_config_path())]
+        argv += ["--config", os.path.abspath(args.config or defaults.config_path())]
         r = subprocess.run(argv, user=uid, group=gid, extra_groups=groups, cwd="/")
         return r.returncode
     try:
@@ -135,9 +137,12 @@ def _me() -> str:
 
 
 def _socket_dir(args: argparse.Namespace) -> str:
-    from wcached.client.connection import find_socket_dir
-
-    return find_socket_dir(None, args.config)
+    """The operator's commands validate the whole file (a typo is said),
+    where a client reads only the one key it needs."""
+    path = args.config or defaults.config_path()
+    if args.config or os.path.exists(path):
+        return load_config(path).daemon.socket_dir
+    return defaults.SOCKET_DIR
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -152,10 +157,9 @@ def _status(args: argparse.Namespace) -> int:
     except WcacheError as e:
         # Said, and the instances still shown: the sockets of the default
         # directory and what systemd knows.
-        from wcached.client.connection import DEFAULT_SOCKET_DIR
 
         print(f"wcached: {e}", file=sys.stderr)
-        config_error, sdir = e, DEFAULT_SOCKET_DIR
+        config_error, sdir = e, defaults.SOCKET_DIR
     try:
         unreadable = _unreadable_dir(sdir)
         if unreadable:

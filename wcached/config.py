@@ -9,23 +9,21 @@ from __future__ import annotations
 
 import os
 import re
-import tomllib
 import typing
 from pathlib import Path
 from typing import Literal
 
 import msgspec
 
+from wcached import defaults
 from wcached.device import is_instance_name
 from wcached.errors import ConfigError
 from wcached.loaders.base import DEFAULT_LOADER, ModelConfig, loader_names, options_for, parse_size
 
 __all__ = ["Config", "ConfigError", "InstanceSettings", "ModelConfig", "load_config", "parse_size"]
 
-DEFAULT_CONFIG_PATH = "/etc/wcache/wcached.toml"
 MAX_SOCKET_PATH = 107
 LONGEST_SOCKET_NAME = "GPU-00000000-0000-0000-0000-000000000000.sock"
-CONFIG_ENV = "WCACHED_CONFIG"
 MAX_PORT = 65535
 _INDEX_RE = re.compile(r"^(?:cpu)?(\d+)$")
 
@@ -37,7 +35,7 @@ class _Table(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=Tr
 class DaemonConfig(_Table):
     # Where each instance binds <instance id>.sock and keeps its lock; it must
     # belong to root or the daemon's user and be writable by no one else.
-    socket_dir: str = "/run/wcache"
+    socket_dir: str = defaults.SOCKET_DIR
     # Users whose engines may attach, besides root and the daemon's own user.
     allowed_users: list[str] = []
     # Groups whose members' engines may attach (the package's is "wcache").
@@ -122,23 +120,10 @@ class InstanceSettings(msgspec.Struct, frozen=True, kw_only=True):
         return os.path.join(self.metrics_dir, f"wcached-{self.instance_id}.prom")
 
 
-def default_config_path() -> str:
-    return os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG_PATH
-
-
 def load_config(path: str | os.PathLike[str] | None = None) -> Config:
     """Read and validate a config file."""
-    path = str(path or default_config_path())
-    try:
-        with open(path, "rb") as f:
-            raw = tomllib.load(f)
-    except FileNotFoundError:
-        raise ConfigError(path, None, "file not found") from None
-    except PermissionError:
-        raise ConfigError(path, None, "permission denied reading the file") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(path, None, f"invalid TOML: {e}") from None
-    return parse_config(raw, path)
+    path = str(path or defaults.config_path())
+    return parse_config(defaults.read_config_document(path), path)
 
 
 def parse_config(raw: dict, path: str) -> Config:

@@ -22,7 +22,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 
-from wcached import exits
+from wcached import defaults, exits
 from wcached.daemon import socket_dir
 from wcached.device import nvml_text
 from wcached.errors import (
@@ -34,8 +34,7 @@ from wcached.errors import (
     WcacheError,
 )
 
-PACKAGE_SOCKET_DIR = "/run/wcache"  # what the package's tmpfiles.d line creates
-DAEMON_USER = "wcache"
+DAEMON_USER = defaults.DAEMON_USER
 
 
 @dataclass
@@ -105,12 +104,12 @@ def _distribution_version(name: str) -> str:
 
 
 def check_config(r: Report, path: str | None):
-    from wcached.config import default_config_path, load_config
+    from wcached.config import load_config
 
     try:
         cfg = load_config(path)
     except WcacheError as e:
-        r.fail(f"config: {e}", f"edit {path or default_config_path()}, then: wcached check-config")
+        r.fail(f"config: {e}", f"edit {path or defaults.config_path()}, then: wcached check-config")
         return None
     r.ok(f"config {cfg.source}: {len(cfg.model)} model(s)")
     return cfg
@@ -233,7 +232,7 @@ def check_socket_dir(r: Report, cfg, user: str = DAEMON_USER) -> None:
     quoted = shlex.quote(sdir)
     create = (
         "systemd-tmpfiles --create wcached.conf"
-        if sdir == PACKAGE_SOCKET_DIR
+        if sdir == defaults.SOCKET_DIR
         else (
             f"install -d -o {DAEMON_USER} -g {DAEMON_USER} -m 0750 {quoted} && "
             f"echo 'd {sdir} 0750 {DAEMON_USER} {DAEMON_USER} -' > /etc/tmpfiles.d/wcached-socket-dir.conf "

@@ -21,7 +21,7 @@ from typing import Any
 
 import msgspec
 
-from wcached import __version__
+from wcached import __version__, defaults
 
 # -- where each key's meaning is written -------------------------------------
 
@@ -160,7 +160,7 @@ def config_reference() -> str:
         ".SH NAME",
         "wcached.toml \\- configuration of the wcached weight cache daemons",
         ".SH SYNOPSIS",
-        ".I /etc/wcache/wcached.toml",
+        f".I {defaults.CONFIG_PATH}",
         "(or the file named by",
         ".B $WCACHED_CONFIG",
         "or",
@@ -266,14 +266,14 @@ def command_reference(parser: argparse.ArgumentParser | None = None) -> str:
         "checkpoint to read), never 0; the other commands exit 78 on a configuration error.",
         ".SH FILES",
         ".TP",
-        ".I /etc/wcache/wcached.toml",
+        f".I {defaults.CONFIG_PATH}",
         "configuration, see",
         ".BR wcached.toml (5)",
         ".TP",
         ".I /etc/default/wcached",
         "the interpreter to run with (WCACHED_PYTHON)",
         ".TP",
-        ".I /run/wcache",
+        f".I {defaults.SOCKET_DIR}",
         "the instances' sockets and locks",
         ".SH SEE ALSO",
         ".BR wcached.toml (5),",

@@ -16,8 +16,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from wcached import tensor_digest
-from wcached.config import ModelConfig, default_config_path, load_config
+from wcached import defaults, tensor_digest
+from wcached.config import ModelConfig, load_config
 
 # verify's status when some model had nothing to compare (no digests recorded,
 # no checkpoint to read): never 0, which says verified.
@@ -139,7 +139,7 @@ def run(instance: str, model_name: str | None, config: str | None, socket_dir: s
 
     try:
         sdir = find_socket_dir(socket_dir, config)
-        cfg = load_config(config) if config or os.path.exists(default_config_path()) else None
+        cfg = load_config(config) if config or os.path.exists(defaults.config_path()) else None
         with DaemonConnection(socket_path(instance, sdir), client="wcached verify") as conn:
             names = [m.name for m in conn.status().models if m.state == "ready"]
     except WcacheError as e:

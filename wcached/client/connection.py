@@ -10,7 +10,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from wcached.config import default_config_path, load_config
+from wcached import defaults
 from wcached.device import instance_id_for
 from wcached.errors import Busy, PermissionRefused, ProtocolError, VersionMismatch, error_for_code
 from wcached.protocol.messages import (
@@ -27,17 +27,15 @@ from wcached.protocol.messages import (
 )
 from wcached.protocol.wire import MAX_REPLY_BYTES, Channel, PeerClosed, connect
 
-DEFAULT_SOCKET_DIR = "/run/wcache"
-
 
 def find_socket_dir(socket_dir: str | None, config: str | None) -> str:
     """An explicit directory wins; else the config's (if one is readable)."""
     if socket_dir:
         return socket_dir
-    path = config or default_config_path()
+    path = config or defaults.config_path()
     if config or os.path.exists(path):
-        return load_config(path).daemon.socket_dir
-    return DEFAULT_SOCKET_DIR
+        return defaults.configured_socket_dir(path)
+    return defaults.SOCKET_DIR
 
 
 def socket_path(instance: str, socket_dir: str) -> str:
@@ -47,7 +45,7 @@ def socket_path(instance: str, socket_dir: str) -> str:
 # Users whose daemon a client trusts with fds, besides root and the client's
 # own user: the package's daemon user, or a list in this variable.
 DAEMON_USERS_ENV = "WCACHED_DAEMON_USERS"
-DEFAULT_DAEMON_USERS = ("wcache",)
+DEFAULT_DAEMON_USERS = (defaults.DAEMON_USER,)
 
 
 def trusted_daemon_uids(users: Sequence[str] | None = None) -> set[int]:

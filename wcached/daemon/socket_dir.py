@@ -15,8 +15,7 @@ import os
 import pwd
 import stat
 
-# The package's daemon user (sysusers.d), whom root's checks judge for.
-PACKAGE_DAEMON_USER = "wcache"
+from wcached import defaults
 
 
 def daemon_uid() -> int:
@@ -28,7 +27,7 @@ def daemon_uid() -> int:
     if me != 0:
         return me
     try:
-        return pwd.getpwnam(PACKAGE_DAEMON_USER).pw_uid
+        return pwd.getpwnam(defaults.DAEMON_USER).pw_uid
     except KeyError:
         return 0
 

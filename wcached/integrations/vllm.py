@@ -40,6 +40,8 @@ from typing import Any
 
 import msgspec
 
+from wcached import defaults
+
 LOAD_FORMAT = "wcache"
 
 # Under the "vllm" logger: vLLM configures its handlers, so these lines show
@@ -48,7 +50,7 @@ log = logging.getLogger("vllm.plugins.wcached")
 
 
 class PluginOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
-    socket_dir: str = "/run/wcache"
+    socket_dir: str = defaults.SOCKET_DIR
     model: str = "default"
     draft_model: str = ""
     instance: str | None = None
