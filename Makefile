@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 # The CPU build; on these machines pip takes it from a local wheel.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: run test mutate test-gpu lint format bench bench-gpu bench-vllm clean venv deb vllm-venv docs
+.PHONY: run test mutate test-gpu lint format bench bench-gpu bench-vllm clean venv deb vllm-venv docs install
 
 venv: $(VENV)/.installed
 
@@ -87,10 +87,15 @@ docs: venv
 	$(PY) -m wcached.manpages docs
 	$(PY) -m wcached status --json-schema > docs/status.schema.json
 
-# wcached_<version>_all.deb in dist/, offline: dpkg-buildpackage on debian/
-# (debhelper, dh-python), with the wheel engines install; VERSION=... sets it.
+# wcached_<version>_all.deb in dist/, offline: dpkg-buildpackage on
+# packaging/deb/debian/ with the units of packaging/systemd/ (debhelper,
+# dh-python, build-essential), with the wheel engines install; VERSION=... sets it.
 deb: venv
 	$(PY) packaging/deb/build_deb.py --out dist $(if $(VERSION),--version $(VERSION))
+
+# The same files on a systemd host without dpkg (DESTDIR stages them).
+install:
+	DESTDIR='$(DESTDIR)' sh packaging/install.sh
 
 clean:
 	rm -rf build dist bench/data .pytest_cache

@@ -16,13 +16,13 @@ from wcached.errors import ConfigError
 
 
 def test_the_package_creates_what_the_code_assumes() -> None:
-    tmpfiles = (REPO / "debian" / "wcached.tmpfiles").read_text()
+    tmpfiles = (REPO / "packaging" / "systemd" / "tmpfiles.conf").read_text()
     assert f"d {defaults.SOCKET_DIR} 0750 {defaults.DAEMON_USER} {defaults.DAEMON_USER} -" in tmpfiles
-    sysusers = (REPO / "debian" / "wcached.sysusers").read_text()
+    sysusers = (REPO / "packaging" / "systemd" / "sysusers.conf").read_text()
     assert f"u {defaults.DAEMON_USER} " in sysusers and f"g {defaults.DAEMON_USER} " in sysusers
     config = (REPO / "etc" / "wcache" / "wcached.toml").read_text()
     assert f'socket_dir = "{defaults.SOCKET_DIR}"' in config
-    rules = (REPO / "debian" / "rules").read_text()
+    rules = (REPO / "packaging" / "deb" / "debian" / "rules").read_text()
     assert f"$(PKG){defaults.CONFIG_PATH}" in rules
 
 

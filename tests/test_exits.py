@@ -16,7 +16,7 @@ def test_readme_carries_the_table() -> None:
 
 
 def test_the_unit_retries_exactly_the_retried_statuses() -> None:
-    unit = (REPO / "debian" / "wcached@.service").read_text()
+    unit = (REPO / "packaging" / "systemd" / "wcached@.service").read_text()
     (line,) = re.findall(r"^RestartPreventExitStatus=(.*)$", unit, re.M)
     assert {int(x) for x in line.split()} == set(exits.NOT_RETRIED)
     assert "Restart=on-failure" in unit

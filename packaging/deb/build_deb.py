@@ -1,8 +1,14 @@
-"""Build wcached_<version>_all.deb from debian/ with dpkg-buildpackage, offline.
+"""Build wcached_<version>_all.deb with dpkg-buildpackage, offline.
 
-The tree's debian/ directory is an ordinary debhelper (compat 13) source
-package; this script only prepares what dpkg-buildpackage cannot make itself:
+``packaging/deb/debian/`` is an ordinary debhelper (compat 13) source
+package, less the files any systemd host uses, which live in
+``packaging/systemd/`` (the units, sysusers.d and tmpfiles.d, the launcher,
+the unit's environment file; ``make install`` installs the same files). This
+script only prepares what dpkg-buildpackage cannot make itself:
 
+- a source tree: the project's files, ``debian/`` at its root, and the
+  systemd files under the names debhelper looks for
+  (:data:`SYSTEMD_FILES`);
 - a copy of the tree at the version asked for (``--version``: debian/changelog
   and ``wcached.__version__`` both say it), dated by the last commit, so that
   two builds of one commit are the same bytes;
@@ -10,7 +16,7 @@ package; this script only prepares what dpkg-buildpackage cannot make itself:
   plugin), built by pip from pyproject.toml (PEP 517) into debian/wheel/:
   the project's metadata needs a newer setuptools than Debian 12 ships.
 
-Needs debhelper and dh-python (``apt install debhelper dh-python``).
+Needs ``apt install debhelper dh-python build-essential``.
 """
 
 from __future__ import annotations
@@ -27,7 +33,17 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 # What the source package is made of.
-SOURCES = ("wcached", "debian", "docs", "etc", "README.md", "pyproject.toml")
+SOURCES = ("wcached", "docs", "etc", "README.md", "pyproject.toml", "packaging/systemd")
+DEBIAN = REPO / "packaging" / "deb" / "debian"
+# packaging/systemd/<file> -> debian/<name> (dh_installsystemd,
+# dh_installsysusers, dh_installtmpfiles and dh_installinit's /etc/default).
+SYSTEMD_FILES = {
+    "wcached@.service": "wcached@.service",
+    "wcached.target": "wcached.target",
+    "sysusers.conf": "wcached.sysusers",
+    "tmpfiles.conf": "wcached.tmpfiles",
+    "wcached.default": "wcached.default",
+}
 
 
 def version() -> str:
@@ -79,6 +95,9 @@ def prepare(src: Path, ver: str, epoch: int) -> None:
             shutil.copytree(path, src / name, ignore=ignore)
         else:
             shutil.copy2(path, src / name)
+    shutil.copytree(DEBIAN, src / "debian", ignore=ignore)
+    for name, as_name in SYSTEMD_FILES.items():
+        shutil.copy2(REPO / "packaging" / "systemd" / name, src / "debian" / as_name)
     tree_version = version()
     init = src / "wcached" / "__init__.py"
     init.write_text(init.read_text().replace(f'__version__ = "{tree_version}"', f'__version__ = "{ver}"'))

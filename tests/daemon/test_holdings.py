@@ -237,7 +237,7 @@ def test_budget_is_read_from_systemd(listener: NotifyListener, monkeypatch: pyte
 
 
 def test_unit_file_budget_matches_the_daemons_default() -> None:
-    unit = (REPO / "debian" / "wcached@.service").read_text()
+    unit = (REPO / "packaging" / "systemd" / "wcached@.service").read_text()
     assert f"FileDescriptorStoreMax={UNIT_FDSTORE_MAX}\n" in unit
     assert "FileDescriptorStorePreserve=yes\n" in unit
 

@@ -325,7 +325,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "the unit retries a corrupt checkpoint",
-        "debian/wcached@.service",
+        "packaging/systemd/wcached@.service",
         "RestartPreventExitStatus=78 65",
         "RestartPreventExitStatus=78",
         ("tests/test_exits.py::test_the_unit_retries_exactly_the_retried_statuses",),

@@ -926,6 +926,43 @@ def main() -> None:
         assert sh("getent passwd wcache").returncode == 0
         assert "wcached" not in sh("systemctl list-unit-files 'wcached*' --no-legend").stdout
 
+    @check("make_install_without_dpkg")
+    def _():
+        """`make install` on a host without dpkg: staged (DESTDIR) it is the
+        package's files less the package's own (docs, the wheel, lintian's
+        overrides); installed, the unit fills and serves, and stops clean."""
+        install = f"sh {SHARE}/src/packaging/install.sh"
+        sh(f"rm -rf /tmp/stage && DESTDIR=/tmp/stage {install}", check=True)
+        staged = set()
+        for root, _, names in os.walk("/tmp/stage"):
+            staged |= {os.path.join(root, n)[len("/tmp/stage") :] for n in names if not n.endswith(".pyc")}
+        listing = sh(f"dpkg-deb -c {DEB}", check=True).stdout.splitlines()
+        packaged = {
+            line.split()[-1].removeprefix(".").removesuffix(".gz")
+            for line in listing
+            if line.startswith("-")  # regular files (not directories or links)
+        }
+        assert staged <= packaged, sorted(staged - packaged)
+        own = ("/usr/share/doc/wcached/", "/usr/share/wcached/", "/usr/share/lintian/")
+        only_packaged = sorted(p for p in packaged - staged if not p.startswith(own))
+        assert not only_packaged, only_packaged
+        # Installed for real, after the purge: no dpkg involved.
+        sh(install, check=True)
+        assert sh("getent passwd wcache").returncode == 0
+        assert stat.S_IMODE(os.stat("/run/wcache").st_mode) == 0o750
+        sh(
+            "PYTHONPATH=/usr/lib/wcached python3 -m wcached.demo --dir /var/lib/wcache/demo --generate-only",
+            check=True,
+        )
+        sh("cp -r /var/lib/wcache/demo/model /var/lib/wcache/models/default", check=True)
+        sh("systemctl start wcached@cpu0", check=True, timeout=180)
+        wait_for(lambda: prop("wcached@cpu0", "ActiveState") == "active", 60, "wcached@cpu0 active")
+        status = sh("wcached status cpu0", check=True).stdout
+        assert "serving" in status and "default" in status, status
+        sh("systemctl stop wcached@cpu0", check=True)
+        assert prop("wcached@cpu0", "Result") == "success"
+        return f"{len(staged)} files staged, all in the package; serving after make install:\n{status}"
+
     record("done", True)
 
 

