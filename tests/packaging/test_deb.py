@@ -75,6 +75,7 @@ CHECKS = [
     "upgrade_restarts_running_instances",
     "remove_stops_instances",
     "purge_cleans_up",
+    "make_install_without_dpkg",
     "done",
 ]
 
@@ -238,6 +239,15 @@ def results() -> dict[str, dict]:
     got = {r["name"]: r for r in json.loads(path.read_text())}
     got["_share"] = {"path": str(share)}
     return got
+
+
+def test_every_check_in_the_container_is_reported() -> None:
+    """A check in_container.py runs but CHECKS lacks would fail unseen."""
+    import re
+
+    source = Path(__file__).with_name("in_container.py").read_text()
+    defined = re.findall(r'@check\("(\w+)"\)', source)
+    assert sorted([*defined, "done"]) == sorted(CHECKS)
 
 
 @pytest.mark.parametrize("name", CHECKS)
