@@ -49,7 +49,7 @@ $(eval $(call vllm_venv_rule,$(VLLM_VENV),$(VLLM_SPEC)))
 $(eval $(call vllm_venv_rule,$(VLLM_OLD_VENV),$(VLLM_OLD_SPEC)))
 
 run: venv
-	$(PY) -m wcached.demo --dir build/demo
+	$(PY) -m wcached.cli.demo --dir build/demo
 
 # The whole suite, the vLLM engine tests included: it builds their venvs first.
 test: venv vllm-venv
@@ -82,9 +82,9 @@ bench-vllm: venv vllm-venv
 	$(PY) bench/vllm_load.py
 
 # wcached(8) and wcached.toml(5) in docs/, from the parser and the config
-# structs (tests/test_manpages.py fails until they are regenerated).
+# structs (tests/cli/test_manpages.py fails until they are regenerated).
 docs: venv
-	$(PY) -m wcached.manpages docs
+	$(PY) -m wcached.cli.manpages docs
 	$(PY) -m wcached status --json-schema > docs/status.schema.json
 
 # wcached_<version>_all.deb in dist/, offline: dpkg-buildpackage on

@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import DATA, LLAMA8B, REPO, summary, write_result
 
 from tests.helpers import run_daemon, write_config
-from wcached.demo import llama_shapes
+from wcached.cli.demo import llama_shapes
 
 
 def many_shapes() -> list[tuple[str, tuple[int, ...]]]:

@@ -25,7 +25,7 @@ import time
 from common import DATA, summary, write_result
 
 from tests.helpers import run_daemon, write_config
-from wcached.demo import LLAMA_TINY, generate_llama
+from wcached.cli.demo import LLAMA_TINY, generate_llama
 
 BENCH_LLAMA = {
     **LLAMA_TINY,

@@ -15,7 +15,7 @@ RESULTS = REPO / "bench" / "results"
 DATA = REPO / "bench" / "data"
 sys.path.insert(0, str(REPO))
 
-from wcached.demo import LLAMA_TINY  # noqa: E402
+from wcached.cli.demo import LLAMA_TINY  # noqa: E402
 
 # An 8B-shaped Llama (Llama 3 8B's shapes), about 16 GB in bf16.
 LLAMA8B = {

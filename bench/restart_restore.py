@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import DATA, write_result
 
 from tests.helpers import Daemon, start_daemon, wait_ready, write_config
-from wcached.demo import LLAMA_TINY, generate_llama
+from wcached.cli.demo import LLAMA_TINY, generate_llama
 
 
 def rchar(pid: int) -> int:

@@ -34,7 +34,7 @@ from vllm_gpu_load import gpu_name
 
 from tests.helpers import run_daemon
 from tests.integrations.test_vllm_gpu import _config, engine, weights_share
-from wcached.demo import LLAMA_TINY, llama_shapes
+from wcached.cli.demo import LLAMA_TINY, llama_shapes
 
 # Llama 3 70B's shapes; only the number of layers varies.
 LLAMA70B_LAYER = {

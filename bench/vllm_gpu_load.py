@@ -34,12 +34,12 @@ from common import LLAMA8B, write_result
 
 from tests.helpers import run_daemon
 from tests.integrations.test_vllm_gpu import _config, engine
-from wcached.demo import llama_shapes
+from wcached.cli.demo import llama_shapes
 
 
 def generate_on_gpu(out: Path, cfg: dict, shard_bytes: int = 4 << 30) -> Path:
     """Random bf16 weights made on the GPU and written shard by shard
-    (the pure-Python generator of wcached.demo would take minutes at 16 GB);
+    (the pure-Python generator of wcached.cli.demo would take minutes at 16 GB);
     host memory holds one shard at a time."""
     import json
 

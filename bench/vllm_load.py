@@ -21,7 +21,7 @@ from common import summary, write_result
 from tests.helpers import run_daemon
 from tests.integrations.test_vllm import VLLM_PYTHONS, engine
 from tests.integrations.vllm_engine import vllm_daemon_config
-from wcached.demo import LLAMA_TINY, generate_llama
+from wcached.cli.demo import LLAMA_TINY, generate_llama
 
 BIGGER = {
     **LLAMA_TINY,

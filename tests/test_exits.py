@@ -68,7 +68,7 @@ def test_worker_errors_keep_their_class_across_the_wire() -> None:
 
 
 def test_meaning_and_fix_come_from_the_table() -> None:
-    from wcached.status_view import exit_meaning
+    from wcached.cli.status import exit_meaning
 
     assert exit_meaning("exited", 65) == exits.meaning(65)
     assert "not retried" in exits.meaning(65) and "(retried)" in exits.meaning(70)

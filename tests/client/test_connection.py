@@ -67,8 +67,8 @@ def _attach_through(mode: str, work: Path, tmp_path: Path) -> tuple[int, list]:
     one): the version the connection speaks, and the hellos it received."""
     from tests.helpers import one_model_config, run_daemon
     from tests.integrations.fake_daemons import Proxy
+    from wcached.cli.demo import generate_llama
     from wcached.client import attach
-    from wcached.demo import generate_llama
 
     ckpt = generate_llama(tmp_path / "model")
     with run_daemon(one_model_config(work, ckpt)) as d:

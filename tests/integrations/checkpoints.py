@@ -1,4 +1,4 @@
-"""Checkpoints the vLLM tests need beyond wcached.demo's bf16 Llama."""
+"""Checkpoints the vLLM tests need beyond wcached.cli.demo's bf16 Llama."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import random
 import struct
 from pathlib import Path
 
-from wcached.demo import LLAMA_TINY, llama_shapes, write_safetensors
+from wcached.cli.demo import LLAMA_TINY, llama_shapes, write_safetensors
 
 
 def generate_awq_llama(out: Path, group: int = 128, seed: int = 0) -> Path:

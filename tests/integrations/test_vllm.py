@@ -19,7 +19,7 @@ import pytest
 
 from tests.helpers import REPO, run_daemon, wait_ready
 from tests.integrations.vllm_engine import free_port, run_engine, vllm_daemon_config
-from wcached.demo import generate_llama
+from wcached.cli.demo import generate_llama
 
 VLLM_PYTHONS = {
     "0.32": str(REPO / "build" / "vllm-venv" / "bin" / "python"),

@@ -25,8 +25,8 @@ from tests.helpers import require_other_users, run_daemon, write_config
 from tests.integrations.fake_daemons import Garbage, Proxy, RefusesVersions, Silent
 from tests.integrations.test_vllm import vllm_python  # noqa: F401  (fixture)
 from tests.integrations.vllm_engine import vllm_daemon_config
+from wcached.cli.demo import generate_llama
 from wcached.client.connection import DaemonConnection
-from wcached.demo import generate_llama
 
 pytestmark = pytest.mark.slow
 

@@ -25,7 +25,7 @@ import pytest
 
 from tests.helpers import REPO, run_daemon, start_daemon, wait_ready
 from tests.integrations.vllm_engine import free_port, run_engine, vllm_daemon_config
-from wcached.demo import LLAMA_TINY, generate_llama
+from wcached.cli.demo import LLAMA_TINY, generate_llama
 
 pytestmark = [pytest.mark.gpu, pytest.mark.vllm, pytest.mark.slow]
 

@@ -18,7 +18,7 @@ import msgspec
 import pytest
 
 from tests.integrations.test_vllm import VLLM_PYTHONS
-from wcached.demo import LLAMA_TINY, generate_llama
+from wcached.cli.demo import LLAMA_TINY, generate_llama
 from wcached.keys import CacheKey, mismatched_fields
 from wcached.loaders.vllm.key import expected_fields
 

@@ -63,7 +63,7 @@ def test_missing_is_retried_and_too_many_files_is_refused(tmp_path: Path, monkey
 def test_an_unopenable_shard_is_named(tmp_path: Path, monkeypatch) -> None:
     """Readability is decided by opening each file (as root, ACLs and a
     squashing NFS server decide at open, not at access(2)): simulated here,
-    as another user in tests/test_cli.py."""
+    as another user in tests/cli/test_cli.py."""
     ckpt = write_sharded(tmp_path / "c", {"a": torch.ones(2), "b": torch.ones(3)}, shards=2)
     victim = sorted(ckpt.glob("*.safetensors"))[1]
     real_open = os.open

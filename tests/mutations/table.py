@@ -171,10 +171,10 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "verify does not compare the checkpoint",
-        "wcached/verify.py",
+        "wcached/cli/verify.py",
         "            if h.hexdigest() != info.digest:",
         "            if False:",
-        ("tests/test_verify.py::test_verify_passes_then_names_a_tensor_rewritten_in_place",),
+        ("tests/cli/test_verify.py::test_verify_passes_then_names_a_tensor_rewritten_in_place",),
     ),
     Mutation(
         "a released model answers by its key",
@@ -269,10 +269,10 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "check-config ignores the fd store's budget",
-        "wcached/preflight.py",
+        "wcached/cli/check_config.py",
         "    found += _store_budget(cfg)\n",
         "",
-        ("tests/test_cli.py::test_check_config_refuses_a_segment_size_the_fd_store_cannot_keep",),
+        ("tests/cli/test_cli.py::test_check_config_refuses_a_segment_size_the_fd_store_cannot_keep",),
     ),
     Mutation(
         "a status line waits behind a full notify queue",
@@ -335,7 +335,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "wcached/loaders/checkpoint.py",
         "        got = preadv_full(fd, [buf[:want]], t.data_start + done)",
         "        got = os.preadv(fd, [buf[:want]], t.data_start + done)",
-        ("tests/test_verify.py::test_tensors_over_2_gib_fill_cast_and_verify",),
+        ("tests/cli/test_verify.py::test_tensors_over_2_gib_fill_cast_and_verify",),
         more=(("READ_CHUNK = 64 << 20", "READ_CHUNK = 1 << 40"),),
     ),
     Mutation(
@@ -412,10 +412,10 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "verify with nothing compared says ok",
-        "wcached/verify.py",
+        "wcached/cli/verify.py",
         '        state = "DIFFERS" if rep.problems else "ok" if compared else "NOT VERIFIED"',
         '        state = "DIFFERS" if rep.problems else "ok"',
-        ("tests/test_verify.py::test_nothing_compared_is_not_verified",),
+        ("tests/cli/test_verify.py::test_nothing_compared_is_not_verified",),
         more=(("        unverified += not rep.problems and not compared", "        unverified += 0"),),
     ),
     Mutation(
@@ -425,7 +425,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "                continue",
         (
             "tests/loaders/test_checkpoint.py::test_an_unopenable_shard_is_named",
-            "tests/test_cli.py::test_an_unreadable_shard_in_a_readable_directory_is_78_in_the_words_check_config_uses",
+            "tests/cli/test_cli.py::test_an_unreadable_shard_in_a_readable_directory_is_78_in_the_words_check_config_uses",
         ),
     ),
     Mutation(

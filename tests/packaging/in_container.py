@@ -192,7 +192,8 @@ def main() -> None:
     @check("doctor")
     def _():
         sh(
-            "PYTHONPATH=/usr/lib/wcached python3 -m wcached.demo --dir /var/lib/wcache/demo --generate-only",
+            "PYTHONPATH=/usr/lib/wcached python3 -m wcached.cli.demo "
+            "--dir /var/lib/wcache/demo --generate-only",
             check=True,
         )
         with open("/etc/wcache/wcached.toml", "w") as f:
@@ -953,7 +954,8 @@ def main() -> None:
         assert sh("getent passwd wcache").returncode == 0
         assert stat.S_IMODE(os.stat("/run/wcache").st_mode) == 0o750
         sh(
-            "PYTHONPATH=/usr/lib/wcached python3 -m wcached.demo --dir /var/lib/wcache/demo --generate-only",
+            "PYTHONPATH=/usr/lib/wcached python3 -m wcached.cli.demo "
+            "--dir /var/lib/wcache/demo --generate-only",
             check=True,
         )
         sh("cp -r /var/lib/wcache/demo/model /var/lib/wcache/models/default", check=True)

@@ -11,7 +11,7 @@ from pathlib import Path
 from wcached.cli import main
 from wcached.errors import EX_CONFIG
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_check_config_ok(cpu_config: Path, capsys) -> None:
@@ -84,7 +84,7 @@ def test_check_config_as_the_daemons_user_finds_what_serve_would_trip_over(work:
         daemon={"socket_dir": str(run), "allowed_users": ["nobody"], "metrics_dir": str(metrics)},
     )
     argv = [sys.executable, "-m", "wcached", "check-config", "--config", str(cfg)]
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    env = dict(os.environ, PYTHONPATH=str(REPO))
     ok = subprocess.run(argv, capture_output=True, text=True, env=env)
     assert ok.returncode == 0 and "checked as user root" in ok.stdout, ok.stderr
     r = subprocess.run([*argv, "--user", "nobody"], capture_output=True, text=True, env=env)
@@ -249,7 +249,7 @@ def test_an_unreadable_shard_in_a_readable_directory_is_78_in_the_words_check_co
     assert serve.returncode == 78, serve.stdout + serve.stderr
     assert said in serve.stderr, serve.stderr
     assert not (run / "cpu0.sock").exists()
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    env = dict(os.environ, PYTHONPATH=str(REPO))
     argv = [sys.executable, "-m", "wcached", "check-config", "--config", str(cfg), "--user", "nobody"]
     check = subprocess.run(argv, capture_output=True, text=True, env=env)
     assert check.returncode == 78, check.stdout + check.stderr

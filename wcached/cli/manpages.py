@@ -215,7 +215,7 @@ models = ["llama-8b"]"""
 def command_reference(parser: argparse.ArgumentParser | None = None) -> str:
     from wcached import exits
     from wcached.cli import EXIT_DOWN, EXIT_UNKNOWN, _parser
-    from wcached.verify import EXIT_NOT_VERIFIED
+    from wcached.cli.verify import EXIT_NOT_VERIFIED
 
     parser = parser or _parser()
     out = _header("wcached", 8, "System Administration")
@@ -301,7 +301,7 @@ PAGES = {"wcached.toml.5": config_reference, "wcached.8": command_reference}
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m wcached.manpages DIR``: write the pages into DIR."""
+    """``python -m wcached.cli.manpages DIR``: write the pages into DIR."""
     args = sys.argv[1:] if argv is None else argv
     out = Path(args[0] if args else "docs")
     out.mkdir(parents=True, exist_ok=True)

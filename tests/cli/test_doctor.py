@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import REPO, require_other_users, write_config
-from wcached.doctor import Report, check_device_nodes, check_parallel_fill, check_units
+from wcached.cli.doctor import Report, check_device_nodes, check_parallel_fill, check_units
 
 
 def _doctor(cfg: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -87,7 +87,7 @@ def test_planted_problems_are_reported_with_their_fixes(work: Path, sharded_ckpt
 
 
 def test_missing_checkpoint_and_custom_socket_dir_get_their_own_fixes(tmp_path: Path) -> None:
-    from wcached.doctor import check_socket_dir
+    from wcached.cli.doctor import check_socket_dir
 
     cfg = write_config(
         tmp_path / "w.toml",
@@ -104,7 +104,7 @@ def test_missing_checkpoint_and_custom_socket_dir_get_their_own_fixes(tmp_path: 
             allowed_groups: list[str] = []
 
     report = Report()
-    import wcached.doctor as doctor
+    import wcached.cli.doctor as doctor
 
     has_user = doctor._has_user
     doctor._has_user = lambda name: True  # as on a host with the package
@@ -121,8 +121,8 @@ def test_missing_checkpoint_and_custom_socket_dir_get_their_own_fixes(tmp_path: 
 
 
 def test_failed_unit_gets_the_fix_for_its_exit_status() -> None:
-    from tests.test_status_view import LIST_UNITS, SHOW
-    from wcached.status_view import systemd_units
+    from tests.cli.test_status import LIST_UNITS, SHOW
+    from wcached.cli.status import systemd_units
 
     units = systemd_units(lambda args: LIST_UNITS if args[0] == "list-units" else SHOW)
     report = Report()
@@ -192,7 +192,7 @@ def test_tensor_parallel_rendezvous_port_held_by_another_process() -> None:
 def test_gpu_host_passes_the_device_checks() -> None:
     """On the GPU machine: device nodes, nvidia-uvm, NVML and the driver's
     VMM fd export all pass, one line per GPU."""
-    from wcached.doctor import check_gpu
+    from wcached.cli.doctor import check_gpu
 
     report = Report()
     check_gpu(report)
@@ -203,7 +203,7 @@ def test_gpu_host_passes_the_device_checks() -> None:
 
 
 def test_a_unit_systemd_gave_up_on_gets_reset_failed() -> None:
-    from tests.test_status_view import _unit
+    from tests.cli.test_status import _unit
 
     report = Report()
     check_units(report, None, [_unit("cpu1", "failed", "failed", "start-limit-hit", None)])
@@ -217,7 +217,7 @@ def test_versions_are_the_installed_distributions(monkeypatch) -> None:
     doctor names the distribution's version."""
     import types
 
-    from wcached import doctor
+    from wcached.cli import doctor
 
     stale = types.SimpleNamespace(VERSION="3.0.0")
     monkeypatch.setattr(doctor, "_module", lambda name: (stale, "3.0.0"))

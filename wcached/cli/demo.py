@@ -118,7 +118,7 @@ def generate_llama(out: Path, cfg: dict = LLAMA_TINY, shards: int = 2, seed: int
 
 
 DEMO_CONFIG = """\
-# Written by `make run` (wcached.demo); the documented default is etc/wcache/wcached.toml.
+# Written by `make run` (wcached.cli.demo); the documented default is etc/wcache/wcached.toml.
 [daemon]
 socket_dir = "run"
 

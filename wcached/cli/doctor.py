@@ -389,7 +389,7 @@ RESULT_FIXES = {
 
 
 def check_units(r: Report, instance: str | None, units=None) -> None:
-    from wcached.status_view import canonical_instance, exit_meaning, systemd_units
+    from wcached.cli.status import canonical_instance, exit_meaning, systemd_units
 
     units = systemd_units() if units is None else units
     if instance is not None:

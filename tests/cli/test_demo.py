@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from tests.helpers import REPO, NotifyListener
-from wcached.demo import LLAMA_TINY, generate_llama, llama_shapes
+from wcached.cli.demo import LLAMA_TINY, generate_llama, llama_shapes
 
 
 def test_generated_llama_is_deterministic_and_loadable(tmp_path: Path) -> None:
@@ -38,7 +38,7 @@ def test_demo_serves_and_stops_on_ctrl_c(tmp_path: Path) -> None:
     printed commands work in a new shell that knows nothing of the venv."""
     notify = NotifyListener(tmp_path)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "wcached.demo", "--dir", str(tmp_path / "demo")],
+        [sys.executable, "-m", "wcached.cli.demo", "--dir", str(tmp_path / "demo")],
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "NOTIFY_SOCKET": notify.path},

@@ -81,19 +81,19 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from wcached.verify import run
+    from wcached.cli.verify import run
 
     return run(args.instance, args.model, args.config, None)
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from wcached.doctor import run
+    from wcached.cli.doctor import run
 
     return run(args.config, args.instance, args.user)
 
 
 def _check_config(args: argparse.Namespace) -> int:
-    from wcached.preflight import as_user, problems
+    from wcached.cli.check_config import as_user, problems
 
     if args.user and args.user != _me():
         # Checked as the daemon's user: what it can read and open is what counts.
@@ -146,7 +146,7 @@ def _socket_dir(args: argparse.Namespace) -> str:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from wcached import status_view
+    from wcached.cli import status as status_view
 
     if args.json_schema:
         print(json.dumps(status_view.json_schema(), indent=2))

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from wcached.manpages import PAGES, config_reference, sections, undocumented
+from wcached.cli.manpages import PAGES, config_reference, sections, undocumented
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("page", sorted(PAGES))
@@ -57,7 +57,7 @@ def test_a_new_key_changes_the_reference(monkeypatch) -> None:
 def test_every_command_and_exit_status_is_in_wcached_8() -> None:
     from wcached import exits
     from wcached.cli import _parser
-    from wcached.manpages import _subcommands
+    from wcached.cli.manpages import _subcommands
 
     text = PAGES["wcached.8"]()
     for name, sub in _subcommands(_parser()):

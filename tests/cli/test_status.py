@@ -16,7 +16,7 @@ from tests.helpers import run_daemon, write_config
 from wcached.cli import main
 from wcached.client import attach
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_two_instances_with_clients_as_json_and_table(work: Path, sharded_ckpt: Path) -> None:
@@ -95,7 +95,7 @@ def _model(name: str, nbytes: int, state: str = "ready", origin: str = "filled",
 
 
 def test_status_says_what_the_weights_take_of_the_gpu() -> None:
-    from wcached.status_view import InstanceView, memory_note
+    from wcached.cli.status import InstanceView, memory_note
 
     v = InstanceView(
         instance="0",
@@ -115,7 +115,7 @@ def test_status_says_what_the_weights_take_of_the_gpu() -> None:
 
 
 def test_last_fill_says_seconds_rate_or_restored() -> None:
-    from wcached.status_view import last_fill
+    from wcached.cli.status import last_fill
 
     assert last_fill(_model("m", 16_000_000_000, seconds=8.0)) == "8.0 s, 2.00 GB/s"
     assert last_fill(_model("m", 16_000_000_000, origin="restored", seconds=8.0)) == "restored (8.0 s fill)"
@@ -159,7 +159,7 @@ ExecMainStatus=75
 def test_status_shows_instances_without_a_socket_from_their_units(tmp_path: Path) -> None:
     import msgspec
 
-    from wcached.status_view import InstanceView, gather, systemd_units, table
+    from wcached.cli.status import InstanceView, gather, systemd_units, table
 
     calls: list[list[str]] = []
 
@@ -263,7 +263,7 @@ def _free_port() -> int:
 def _unit(
     instance: str, active: str, sub: str, result: str = "success", status: int | None = 0, text: str = ""
 ):
-    from wcached.status_view import UnitInfo
+    from wcached.cli.status import UnitInfo
 
     return UnitInfo(
         unit=f"wcached@{instance}.service",
@@ -281,7 +281,7 @@ def test_units_join_daemons_by_the_index_they_report_without_nvml() -> None:
     """A GPU daemon reports its index: wcached@0 joins it with no NVML in this
     process; a second unit of the same GPU (which cannot take its lock) is
     shown on its own, not hidden."""
-    from wcached.status_view import InstanceView, _with_units
+    from wcached.cli.status import InstanceView, _with_units
 
     serving = InstanceView(instance="0", instance_id="GPU-abc", state="serving", gpu_uuid="GPU-abc")
     units = [
@@ -298,7 +298,7 @@ def test_units_join_daemons_by_the_index_they_report_without_nvml() -> None:
 
 def test_a_stale_socket_shows_what_the_unit_is_doing() -> None:
     """SIGKILLed: its socket stays, nobody answers; the unit is restarting."""
-    from wcached.status_view import InstanceView, _with_units
+    from wcached.cli.status import InstanceView, _with_units
 
     stale = InstanceView(instance="cpu3", instance_id="cpu3", state="down", error="connection refused")
     (view,) = _with_units([stale], [_unit("cpu3", "activating", "auto-restart", "signal", 9)], None)
@@ -306,7 +306,7 @@ def test_a_stale_socket_shows_what_the_unit_is_doing() -> None:
 
 
 def test_systemds_result_says_more_than_the_exit_status() -> None:
-    from wcached.status_view import _unit_view, table
+    from wcached.cli.status import _unit_view, table
 
     gave_up = _unit_view(_unit("cpu1", "failed", "failed", "start-limit-hit", None), "cpu1")
     assert gave_up.exit_meaning == (
