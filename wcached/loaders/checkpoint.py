@@ -131,7 +131,7 @@ class Checkpoint:
         except OSError as e:
             raise CheckpointUnreadable(
                 f"checkpoint {path} cannot be read by user {_user()!r} "
-                f"({e.strerror}: a directory above it it may not search?)"
+                f"({e.strerror}: can it search every directory above it?)"
             ) from None
         if not stat.S_ISDIR(st.st_mode):
             return [path]
