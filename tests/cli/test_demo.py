@@ -78,3 +78,19 @@ def test_demo_serves_and_stops_on_ctrl_c(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
         notify.close()
+
+
+def test_the_readmes_configuration_is_a_valid_config() -> None:
+    """The README's short configuration parses as the daemon parses a file
+    (each of its keys exists and has the type it shows)."""
+    import tomllib
+
+    from wcached.config import parse_config
+
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("## Configure") :]
+    start = section.index("```toml\n") + len("```toml\n")
+    block = section[start : section.index("\n```", start)]
+    cfg = parse_config(tomllib.loads(block), "README.md")
+    assert [m.name for m in cfg.model] == ["default"]
+    assert cfg.daemon.socket_dir == "/run/wcache" and "0" in cfg.instance
