@@ -55,8 +55,14 @@ def test_a_client_finds_its_socket_directory_without_the_daemons_config(tmp_path
     assert r.stdout.split() == ["/srv/sockets", "False"], r.stdout + r.stderr
     cfg.write_text("[daemon]\n")
     assert defaults.configured_socket_dir(str(cfg)) == defaults.SOCKET_DIR
+    # Relative: beside the config file, as the daemon resolves it (make run's).
     cfg.write_text('[daemon]\nsocket_dir = "run"\n')
-    with pytest.raises(ConfigError, match=r"daemon\.socket_dir.*absolute"):
+    assert defaults.configured_socket_dir(str(cfg)) == str(tmp_path / "run")
+    from wcached.config import load_config
+
+    assert load_config(cfg).daemon.socket_dir == str(tmp_path / "run")
+    cfg.write_text('[daemon]\nsocket_dir = ""\n')
+    with pytest.raises(ConfigError, match=r"daemon\.socket_dir.*must not be empty"):
         defaults.configured_socket_dir(str(cfg))
     with pytest.raises(ConfigError, match="file not found"):
         defaults.configured_socket_dir(str(tmp_path / "nope.toml"))

@@ -145,8 +145,7 @@ def parse_config(raw: dict, path: str) -> Config:
         for m in models
     ]
     daemon = cfg.daemon
-    if daemon.socket_dir and not os.path.isabs(daemon.socket_dir):
-        daemon = msgspec.structs.replace(daemon, socket_dir=str((base / daemon.socket_dir).resolve()))
+    daemon = msgspec.structs.replace(daemon, socket_dir=defaults.resolve_socket_dir(daemon.socket_dir, path))
     cfg = msgspec.structs.replace(cfg, daemon=daemon, model=models, source=path)
     _check(cfg, path)
     return cfg
@@ -251,8 +250,6 @@ def _literal_choices(field: str, table: type | None) -> tuple[str, ...]:
 
 def _check(cfg: Config, path: str) -> None:
     d = cfg.daemon
-    if not d.socket_dir:
-        raise ConfigError(path, "daemon.socket_dir", "must not be empty")
     if d.connection_timeout_s <= 0:
         raise ConfigError(path, "daemon.connection_timeout_s", "must be > 0")
     if d.max_clients < 1:

@@ -52,6 +52,21 @@ def configured_socket_dir(path: str) -> str:
 
     daemon = read_config_document(path).get("daemon", {})
     value = daemon.get("socket_dir", SOCKET_DIR) if isinstance(daemon, dict) else SOCKET_DIR
-    if not isinstance(value, str) or not os.path.isabs(value):
-        raise ConfigError(path, "daemon.socket_dir", f"must be an absolute path, not {value!r}")
-    return value
+    if not isinstance(value, str):
+        raise ConfigError(path, "daemon.socket_dir", f"must be a string, not {value!r}")
+    return resolve_socket_dir(value, path)
+
+
+def resolve_socket_dir(value: str, config_path: str) -> str:
+    """A configured socket directory as the daemon and its clients use it: a
+    relative one lies beside the configuration file. The one rule for both
+    (:func:`wcached.config.load_config` and :func:`configured_socket_dir`)."""
+    from pathlib import Path
+
+    from wcached.errors import ConfigError
+
+    if not value:
+        raise ConfigError(config_path, "daemon.socket_dir", "must not be empty")
+    if os.path.isabs(value):
+        return value
+    return str((Path(config_path).resolve().parent / value).resolve())
