@@ -83,7 +83,29 @@ def test_planted_problems_are_reported_with_their_fixes(work: Path, sharded_ckpt
     assert "belongs to root, not to the daemon's user nobody" in line, line
     group = grp.getgrgid(pwd.getpwnam("nobody").pw_gid).gr_name
     assert fix == f"chown nobody:{group} {run} && chmod 0750 {run}"
+    # Said once: check-config as nobody applies the same rule.
+    assert sum(str(run) in line for line in out.splitlines() if line.startswith("FAIL")) == 1, out
     assert out.rstrip().endswith(f"{r.stdout.count('FAIL')} problem(s)")
+
+
+def test_a_socket_directory_the_daemons_user_cannot_list_is_one_problem(
+    work: Path, sharded_ckpt: Path
+) -> None:
+    """root's 0700 directory: check-config as the daemon's user cannot list
+    it; doctor says what is wrong once, with its fix, and no traceback."""
+    require_other_users()
+    run = work / "run"
+    run.mkdir()
+    run.chmod(0o700)
+    cfg = write_config(
+        work / "wcached.toml",
+        models=[{"name": "m", "path": str(sharded_ckpt)}],
+        daemon={"socket_dir": str(run)},
+    )
+    r = _doctor(cfg, "--user", "nobody")
+    assert r.returncode == 1 and "Traceback" not in r.stdout + r.stderr, r.stdout + r.stderr
+    fails = [line for line in r.stdout.splitlines() if line.startswith("FAIL") and str(run) in line]
+    assert len(fails) == 1 and "belongs to root, not to the daemon's user nobody" in fails[0], r.stdout
 
 
 def test_missing_checkpoint_and_custom_socket_dir_get_their_own_fixes(tmp_path: Path) -> None:

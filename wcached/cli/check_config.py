@@ -45,8 +45,11 @@ def problems(cfg: Config) -> list[str]:
         from wcached.daemon.service import check_socket_dir
         from wcached.daemon.socket_dir import daemon_uid
 
+        before = len(found)
         check(check_socket_dir, d.socket_dir, cfg.source, daemon_uid())
-        found += _foreign_files(d.socket_dir)
+        # Files in it the daemon could not take over; one it cannot even list
+        # is a problem already said when the directory's rule failed.
+        found += _foreign_files(d.socket_dir, unlistable_said=len(found) > before)
     elif os.path.exists(d.socket_dir):
         found.append(f"daemon.socket_dir {d.socket_dir} exists and is not a directory")
     found += _unreadable(cfg)
@@ -119,11 +122,15 @@ def unit_fdstore_max() -> int:
     return value if r.returncode == 0 and value > 0 else UNIT_FDSTORE_MAX
 
 
-def _foreign_files(socket_dir: str) -> list[str]:
+def _foreign_files(socket_dir: str, unlistable_said: bool = False) -> list[str]:
     """Lock files and sockets this user could not take over."""
     me = os.geteuid()
     out = []
-    for name in sorted(os.listdir(socket_dir)):
+    try:
+        names = sorted(os.listdir(socket_dir))
+    except OSError as e:
+        return [] if unlistable_said else [f"socket directory {socket_dir} cannot be listed ({e.strerror})"]
+    for name in names:
         path = os.path.join(socket_dir, name)
         if not name.endswith((".lock", ".sock")):
             continue
