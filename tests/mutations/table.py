@@ -460,4 +460,41 @@ MUTATIONS: tuple[Mutation, ...] = (
         "        sums[0] += _mix(words).sum()",
         ("tests/test_tensor_digest.py::test_device_digest_is_the_documented_formula",),
     ),
+    Mutation(
+        "the daemon's own user is not allowed",
+        "wcached/daemon/peers.py",
+        "        if peer.uid in (0, self.own_uid) or peer.uid in self.uids:",
+        "        if peer.uid in (0,) or peer.uid in self.uids:",
+        ("tests/daemon/test_own_user.py::test_the_daemons_own_user_attaches_and_administers",),
+    ),
+    Mutation(
+        "any allowed user may administer",
+        "wcached/daemon/peers.py",
+        "        return peer.uid in (0, self.own_uid)",
+        "        return peer.uid in (0, self.own_uid) or peer.uid in self.uids",
+        ("tests/daemon/test_own_user.py::test_an_allowed_user_attaches_but_may_not_administer",),
+    ),
+    Mutation(
+        "the daemon's own uid taken as root",
+        "wcached/daemon/peers.py",
+        "        return cls(os.getuid(), frozenset(uids), frozenset(gids))",
+        "        return cls(0, frozenset(uids), frozenset(gids))",
+        ("tests/daemon/test_own_user.py::test_the_daemons_own_user_attaches_and_administers",),
+    ),
+    Mutation(
+        "a client does not trust a daemon of its own user",
+        "wcached/client/connection.py",
+        "    uids = {0, os.geteuid()}",
+        "    uids = {0}",
+        ("tests/daemon/test_own_user.py::test_the_daemons_own_user_attaches_and_administers",),
+    ),
+    Mutation(
+        "a client trusts any daemon user",
+        "wcached/client/connection.py",
+        "    if uid not in trusted_daemon_uids(users):",
+        "    if uid not in trusted_daemon_uids(users) and uid == -1:",
+        (
+            "tests/daemon/test_own_user.py::test_a_client_trusts_a_daemon_of_its_own_user_and_root_only_when_told",
+        ),
+    ),
 )
