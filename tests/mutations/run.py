@@ -7,6 +7,7 @@ the tree, run the tests meant to catch it, and fail listing the survivors.
 from __future__ import annotations
 
 import argparse
+import ast
 import os
 import shutil
 import subprocess
@@ -38,6 +39,52 @@ def _copy_tree(dest: Path) -> None:
             os.symlink(REPO / name, dest / name)
 
 
+def function_span(source: str, qualname: str) -> tuple[int, int]:
+    """Character offsets of ``qualname`` (``f`` or ``Class.method``) in ``source``."""
+    tree = ast.parse(source)
+    scope: list[ast.AST] = [tree]
+    node = None
+    for part in qualname.split("."):
+        found = [
+            n
+            for s in scope
+            for n in ast.iter_child_nodes(s)
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == part
+        ]
+        if len(found) != 1:
+            raise LookupError(f"{qualname}: {len(found)} definitions of {part!r}")
+        node = found[0]
+        scope = [node]
+    starts = [0]
+    for line in source.splitlines(keepends=True):
+        starts.append(starts[-1] + len(line))
+    first = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))])
+    return starts[first - 1], starts[node.end_lineno]
+
+
+def mutate(m: Mutation, text: str) -> str:
+    """``text`` with ``m`` applied; LookupError when a line is not found once
+    (in its function, where the entry names one)."""
+    start, end = function_span(text, m.function) if m.function else (0, len(text))
+    body = text[start:end]
+    where = f"{m.file}:{m.function}" if m.function else m.file
+    if body.count(m.old) != 1:
+        raise LookupError(f"the line to mutate occurs {body.count(m.old)} times in {where}: {m.old!r}")
+    text = text[:start] + body.replace(m.old, m.new) + text[end:]
+    # The further lines, anywhere in the file (a constant, a second function).
+    for old, new in m.more:
+        if text.count(old) != 1:
+            raise LookupError(f"a further line occurs {text.count(old)} times in {m.file}: {old!r}")
+        text = text.replace(old, new)
+    if m.file.endswith(".py"):
+        try:
+            ast.parse(text)
+        except SyntaxError as e:
+            # A mutant that does not compile fails every test: it proves nothing.
+            raise LookupError(f"the mutant of {m.file} does not compile: {e}") from None
+    return text
+
+
 def run_one(m: Mutation, timeout: float = 300) -> tuple[bool, float, str]:
     """(caught, seconds, tail of the output)."""
     with tempfile.TemporaryDirectory(prefix="wcached-mutant-") as tmp:
@@ -45,12 +92,10 @@ def run_one(m: Mutation, timeout: float = 300) -> tuple[bool, float, str]:
         os.chmod(root, 0o755)  # tests run clients as other users from this copy
         _copy_tree(root)
         target = root / m.file
-        text = target.read_text()
-        for old, new in ((m.old, m.new), *m.more):
-            if text.count(old) != 1:
-                return False, 0.0, f"the line to mutate occurs {text.count(old)} times in {m.file}: {old!r}"
-            text = text.replace(old, new)
-        target.write_text(text)
+        try:
+            target.write_text(mutate(m, target.read_text()))
+        except LookupError as e:
+            return False, 0.0, str(e)
         env = dict(os.environ, PYTHONPATH=str(root), PYTHONDONTWRITEBYTECODE="1")
         started = time.monotonic()
         try:
