@@ -167,3 +167,115 @@ def test_a_daemon_away_too_long_is_a_warning_and_its_return_too(
         a.close()
         d.stop()
         d.notify.close()
+
+
+def _own_fds(d: Daemon) -> dict[int, str]:
+    """This process's open fds and what they are, less those the stand-in for
+    systemd holds (its socket and the fd store's copies)."""
+    d.notify.drain()
+    theirs = {fd for _, fd in d.notify.store} | {d.notify.sock.fileno()}
+    out = {}
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        try:
+            out[fd] = os.readlink(f"/proc/self/fd/{name}")
+        except FileNotFoundError:
+            continue  # the listing's own fd, closed by now
+        if fd in theirs:
+            del out[fd]
+    return out
+
+
+def _mapping_of(address: int) -> str:
+    """What /proc/self/maps says is mapped at ``address`` (device, inode, name)."""
+    with open("/proc/self/maps") as f:
+        for line in f:
+            fields = line.split()
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            if start <= address < end:
+                return " ".join(fields[3:])
+    raise AssertionError(f"nothing mapped at {address:#x}")
+
+
+def test_restarts_leak_no_fds_and_the_lease_keeps_the_same_memory(work: Path, ckpt: Path) -> None:
+    """An engine lives through many daemon restarts: each re-attach leaves its
+    fd count as it was, and its tensors stay the very memory the restored
+    daemon serves (what a new attach maps), not a copy."""
+    cfg = tied_model_config(work, ckpt, "64KiB")
+    d = _up(cfg)
+    a = attach("default", "cpu0", socket_dir=d.socket_dir)
+    try:
+        ptrs = {n: t.data_ptr() for n, t in a.tensors.items()}
+        where = _mapping_of(a.tensors["embed.weight"].data_ptr())
+        assert "memfd:" in where, where
+        before = _own_fds(d)
+        for i in range(3):
+            d = _restarted(d, cfg)
+            deadline = time.monotonic() + 20
+            while a.watch.reattached < i + 1:
+                assert time.monotonic() < deadline, d.log()
+                time.sleep(0.05)
+            assert "restored default from the fd store" in d.log(), d.log()
+        settled = time.monotonic() + 2  # another test's lease retrying holds an fd for a moment
+        while len(after := _own_fds(d)) != len(before) and time.monotonic() < settled:
+            time.sleep(0.1)
+        assert len(after) == len(before), {fd: after[fd] for fd in sorted(set(after) - set(before))}
+        assert {n: t.data_ptr() for n, t in a.tensors.items()} == ptrs
+        with attach("default", "cpu0", socket_dir=d.socket_dir, keep_lease=False) as new:
+            assert _mapping_of(new.tensors["embed.weight"].data_ptr()) == where
+        with DaemonConnection(d.socket_path) as conn:
+            assert os.getpid() in [c.pid for c in conn.status().clients]
+    finally:
+        a.close()
+        d.stop()
+        d.notify.close()
+
+
+def test_a_daemon_that_refilled_in_another_layout_is_not_taken_for_the_same_memory(
+    work: Path, ckpt: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The daemon came back with the same model and key but refilled (here in
+    segments of another size): the engine is told once, at warning, keeps
+    the weights it has without a lease, and is not counted as a lease on
+    memory it does not map."""
+    import torch
+
+    from tests.helpers import as_bytes
+
+    before = write_config(
+        work / "before.toml",
+        models=[{"name": "default", "path": str(ckpt), "segment_size": "64KiB"}],
+        daemon={"socket_dir": str(work / "run")},
+    )
+    after = write_config(
+        work / "after.toml",
+        models=[{"name": "default", "path": str(ckpt), "segment_size": "1MiB"}],
+        daemon={"socket_dir": str(work / "run")},
+    )
+    d = _up(before)
+    a = attach("default", "cpu0", socket_dir=d.socket_dir)
+    kept = {n: as_bytes(t).clone() for n, t in a.tensors.items()}
+    try:
+        with caplog.at_level(logging.INFO, "wcached.client"):
+            d.stop(signal.SIGTERM)
+            d.notify.close(keep_store=True)
+            d = _up(after, store_from=d)
+            assert "refilling default" in d.log(), d.log()
+            deadline = time.monotonic() + 20
+            while a.watch.watching and a.watch.reattached == 0:
+                assert time.monotonic() < deadline, [r.getMessage() for r in caplog.records]
+                time.sleep(0.05)
+        with attach("default", "cpu0", socket_dir=d.socket_dir, keep_lease=False) as new:
+            assert new.manifest.key == a.manifest.key
+            assert new.manifest != a.manifest
+        client = [r for r in caplog.records if r.name == "wcached.client"]
+        warnings = [r.getMessage() for r in client if r.levelno >= logging.WARNING]
+        assert len(warnings) == 1 and "now holds another fill of default" in warnings[0], warnings
+        assert a.watch.reattached == 0
+        with DaemonConnection(d.socket_path) as conn:
+            assert os.getpid() not in [c.pid for c in conn.status().clients]
+        assert all(torch.equal(as_bytes(a.tensors[n]), b) for n, b in kept.items())
+    finally:
+        a.close()
+        d.stop()
+        d.notify.close()

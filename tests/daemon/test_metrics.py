@@ -443,3 +443,102 @@ def test_metrics_off_imports_no_prometheus_client() -> None:
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_a_textfile_left_by_a_killed_daemon_is_gone_while_the_next_one_fills(
+    work: Path, sharded_ckpt: Path
+) -> None:
+    """A daemon killed with SIGKILL leaves its file saying it is up; the next
+    start removes it before filling, so no dashboard shows an instance up
+    (with the dead one's numbers) while it is still filling, and writes its
+    own once it serves."""
+    started, go = work / "worker-started", work / "worker-go"
+    wrapper = work / "gated-python"
+    wrapper.write_text(
+        f'#!/bin/sh\ntouch {started}\nwhile [ ! -e {go} ]; do sleep 0.02; done\nexec {sys.executable} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    go.touch()
+    metrics_dir = work / "metrics"
+    metrics_dir.mkdir()
+    prom = metrics_dir / "wcached-cpu0.prom"
+    cfg = _config(work, sharded_ckpt, metrics_dir=str(metrics_dir), worker_python=str(wrapper))
+    (first,) = _up(cfg, "cpu0")
+    with attach("default", "cpu0", socket_dir=first.socket_dir, keep_lease=False):
+        pass
+    _until(
+        lambda: _samples(prom.read_text()),
+        lambda s: _attaches(s, "cpu0")[("default", "ok")] == 1,
+    )
+    _down([first])  # SIGKILL: no cleanup
+    stale = prom.read_text()
+    assert _value(_samples(stale), "wcached_up", "cpu0") == 1
+    assert _attaches(_samples(stale), "cpu0")[("default", "ok")] == 1
+    go.unlink()
+    started.unlink()
+    second = start_daemon(cfg)
+    try:
+        deadline = time.monotonic() + 60
+        while not started.exists():
+            assert second.proc.poll() is None and time.monotonic() < deadline, second.log()
+            time.sleep(0.02)
+        # Filling (the worker waits for its go): the dead daemon's file is gone.
+        assert not prom.exists(), prom.read_text()
+        go.touch()
+        wait_ready(second, 60)
+        now = _samples(prom.read_text())
+        assert _value(now, "wcached_up", "cpu0") == 1
+        assert _attaches(now, "cpu0") == _zero_attaches()
+    finally:
+        _down([second])
+
+
+def test_a_reader_of_the_textfile_never_sees_half_a_rewrite(work: Path, sharded_ckpt: Path) -> None:
+    """node-exporter may read the file at any moment: every read, however
+    it falls against the daemon's rewrites, is a whole exposition, and a
+    reader that opened the file before a rewrite goes on reading the whole
+    file it opened (a rewrite is a new file renamed into place)."""
+    import threading
+
+    metrics_dir = work / "metrics"
+    metrics_dir.mkdir()
+    prom = metrics_dir / "wcached-cpu0.prom"
+    cfg = _config(work, sharded_ckpt, metrics_dir=str(metrics_dir))
+    (d,) = _up(cfg, "cpu0")
+    stop = threading.Event()
+    attached = 0
+
+    def attach_often() -> None:
+        nonlocal attached
+        while not stop.is_set():
+            with attach("default", "cpu0", socket_dir=d.socket_dir, keep_lease=False):
+                attached += 1
+            time.sleep(0.02)
+
+    held = open(prom, "rb")
+    try:
+        first = held.read()
+        assert _value(_samples(first.decode()), "wcached_up", "cpu0") == 1
+        t = threading.Thread(target=attach_often)
+        t.start()
+        reads, seen = 0, set()
+        try:
+            end = time.monotonic() + 3
+            while time.monotonic() < end:
+                text = prom.read_text()
+                reads += 1
+                assert text.endswith("\n"), text[-200:]
+                samples = _samples(text)
+                assert _value(samples, "wcached_up", "cpu0") == 1, text
+                seen.add(_attaches(samples, "cpu0")[("default", "ok")])
+        finally:
+            stop.set()
+            t.join(30)
+        # Several rewrites fell within the reads.
+        assert attached > 5 and len(seen) >= 3, (attached, sorted(seen), reads)
+        held.seek(0)
+        assert held.read() == first
+        assert os.fstat(held.fileno()).st_nlink == 0  # replaced, not written over
+    finally:
+        held.close()
+        _down([d])

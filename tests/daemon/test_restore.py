@@ -417,3 +417,146 @@ def test_a_model_over_the_store_budget_is_served_and_not_stored(work: Path, ckpt
     finally:
         d.stop()
         d.notify.close()
+
+
+def test_a_file_added_to_the_checkpoint_is_refilled_naming_it(work: Path, ckpt: Path) -> None:
+    """A shard copied into the checkpoint directory since the fill is a change:
+    the stored fill is not served, and the journal names the new file."""
+    cfg = tied_model_config(work, ckpt, "64KiB")
+    shard = sorted(ckpt.glob("*.safetensors"))[0]
+
+    def add() -> None:
+        shutil.copy2(shard, ckpt / "model-extra.safetensors")
+
+    line = _restart_reason(work, cfg, add)
+    assert f"checkpoint {ckpt} has a new file model-extra.safetensors" in line, line
+
+
+def _gated_worker(work: Path) -> tuple[Path, Path, Path]:
+    """An interpreter for the loader worker that says it was started (the
+    daemon has taken its stamps by then) and waits for a go before running."""
+    import sys
+
+    started, go = work / "worker-started", work / "worker-go"
+    wrapper = work / "gated-python"
+    wrapper.write_text(
+        f'#!/bin/sh\ntouch {started}\nwhile [ ! -e {go} ]; do sleep 0.02; done\nexec {sys.executable} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    return wrapper, started, go
+
+
+def test_a_checkpoint_rewritten_while_it_is_filled_is_refilled_at_the_next_start(
+    work: Path, ckpt: Path
+) -> None:
+    """A shard rewritten after the fill began (a fine-tune step landing while
+    the daemon reads): what was stored may mix old and new bytes, so the next
+    start must see a change and refill, never restore it as unchanged."""
+    wrapper, started, go = _gated_worker(work)
+    cfg = tied_model_config(work, ckpt, "64KiB", worker_python=str(wrapper))
+    shard = sorted(ckpt.glob("*.safetensors"))[0]
+    first = start_daemon(cfg)
+    try:
+        deadline = time.monotonic() + 60
+        while not started.exists():
+            assert first.proc.poll() is None and time.monotonic() < deadline, first.log()
+            time.sleep(0.02)
+        st = shard.stat()
+        os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+        go.touch()
+        wait_ready(first, 60)
+        first.notify.drain()
+        assert "kept in the fd store" in first.log(), first.log()
+        _kill(first)
+    except BaseException:
+        first.stop(signal.SIGKILL)
+        first.notify.close()
+        raise
+    second = _up(cfg, store_from=first)
+    try:
+        log = second.log()
+        assert "restored default" not in log, log
+        assert f"refilling default, because checkpoint file {shard.name} of {ckpt} was modified" in log, log
+    finally:
+        second.stop()
+        second.notify.close()
+
+
+def test_another_segment_size_is_refilled_and_the_refill_is_what_restores(work: Path, ckpt: Path) -> None:
+    """The same tensors cut into segments of another size are another layout:
+    the old segments are not served for it, and the refill takes their place
+    in the store, so the start after that restores the new layout."""
+    before = _config(work / "before.toml", work, ckpt, segment_size="64KiB")
+    after = _config(work / "after.toml", work, ckpt, segment_size="1MiB")
+    first = _up(before)
+    with attach("default", "cpu0", socket_dir=first.socket_dir, keep_lease=False) as a:
+        old_segments = len(a.manifest.segments)
+    _kill(first)
+    second = _up(after, store_from=first)
+    try:
+        assert "refilling default, because its [[model]] settings changed: segment_size" in second.log()
+        with attach("default", "cpu0", socket_dir=second.socket_dir, keep_lease=False) as a:
+            refilled = a.manifest
+        assert len(refilled.segments) < old_segments, (len(refilled.segments), old_segments)
+        _kill(second)
+    except BaseException:
+        second.stop(signal.SIGKILL)
+        second.notify.close()
+        raise
+    third = _up(after, store_from=second)
+    try:
+        log = third.log()
+        assert "restored default from the fd store" in log and "loader worker" not in log, log
+        with attach("default", "cpu0", socket_dir=third.socket_dir, keep_lease=False) as a:
+            assert a.manifest == refilled
+            reference = load_reference(ckpt)
+            for name, ref in reference.items():
+                assert torch.equal(as_bytes(a.tensors[name]), as_bytes(ref)), name
+    finally:
+        third.stop()
+        third.notify.close()
+
+
+def test_a_released_model_was_stored_and_leaves_the_store(work: Path, ckpt: Path) -> None:
+    """`wcached release` takes a model that was in the store out of it, so
+    the next start refills it instead of restoring what was released."""
+    cfg = tied_model_config(work, ckpt, "64KiB")
+    d = _up(cfg)
+    try:
+        with attach("default", "cpu0", socket_dir=d.socket_dir, keep_lease=False) as a:
+            segments = len(a.manifest.segments)
+        assert sorted(d.notify.stored_names()) == sorted(
+            [fd_name("default", "manifest")] + [fd_name("default", f"seg{i}") for i in range(segments)]
+        )
+        with DaemonConnection(d.socket_path) as conn:
+            conn.release("default")
+        assert d.notify.stored_names() == []
+        _kill(d)
+    except BaseException:
+        d.stop(signal.SIGKILL)
+        d.notify.close()
+        raise
+    again = _up(cfg, store_from=d)
+    try:
+        log = again.log()
+        assert "restored default" not in log and "loader worker" in log, log
+    finally:
+        again.stop()
+        again.notify.close()
+
+
+def test_a_hidden_file_added_to_the_checkpoint_still_restores(work: Path, ckpt: Path) -> None:
+    """Download tools keep lock and partial files under hidden names in the
+    checkpoint directory: one appearing is no change to the weights, and the
+    stored fill is restored without a read."""
+    cfg = tied_model_config(work, ckpt, "64KiB")
+    first = _up(cfg)
+    _kill(first)
+    (ckpt / ".model-00001-of-00002.safetensors.lock").write_text("")
+    second = _up(cfg, store_from=first)
+    try:
+        log = second.log()
+        assert "restored default from the fd store" in log and "loader worker" not in log, log
+    finally:
+        second.stop()
+        second.notify.close()

@@ -209,3 +209,46 @@ def test_missing_and_empty_paths(tmp_path: Path) -> None:
         Checkpoint(str(tmp_path / "nope")).headers()
     with pytest.raises(FillError, match=r"no \*\.safetensors"):
         Checkpoint(str(tmp_path)).headers()
+
+
+@pytest.mark.parametrize(
+    ("offsets", "data_bytes", "match"),
+    [
+        ([-8, 0], 8, r"data_offsets \[-8, 0\]"),  # starts in the header
+        ([8, 0], 16, r"data_offsets \[8, 0\] hold -8 bytes"),  # ends before it begins
+        ([0, 16], 16, r"data_offsets \[0, 16\] hold 16 bytes, but F32\[2\] needs 8"),  # more than the shape
+        ([0, 8], 7, r"truncated: tensor 'w' needs bytes up to \d+, the file has"),  # one byte past the file
+    ],
+    ids=["into_header", "end_before_begin", "more_than_shape", "one_byte_past_end"],
+)
+def test_offsets_outside_the_data_section_are_a_corrupt_checkpoint(
+    tmp_path: Path, offsets: list[int], data_bytes: int, match: str
+) -> None:
+    """A header whose offsets point outside the file's data, or hold other than
+    dtype times shape bytes, is a corrupt checkpoint (exit 65) naming file and tensor."""
+    from wcached.exits import EX_DATAERR
+
+    f = _raw_file(
+        tmp_path / "x.safetensors",
+        {"w": {"dtype": "F32", "shape": [2], "data_offsets": offsets}},
+        b"\1" * data_bytes,
+    )
+    with pytest.raises(CheckpointCorrupt, match=match) as e:
+        Checkpoint(str(f)).headers()
+    assert type(e.value) is CheckpointCorrupt and e.value.exit_status == EX_DATAERR
+    assert str(f) in str(e.value) and "'w'" in str(e.value)
+
+
+def test_a_tensor_ending_at_the_files_last_byte_is_read_whole(tmp_path: Path) -> None:
+    """A tensor whose bytes end exactly where the file ends is whole, not truncated."""
+    data = struct.pack("<2f", 1.5, -2.0)
+    f = _raw_file(
+        tmp_path / "x.safetensors", {"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, data
+    )
+    (t,) = Checkpoint(str(f)).headers().tensors
+    assert t.data_start + t.nbytes == f.stat().st_size
+    fd = os.open(f, os.O_RDONLY)
+    try:
+        assert b"".join(bytes(p) for p in read_pieces(fd, t)) == data
+    finally:
+        os.close(fd)

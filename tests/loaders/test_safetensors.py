@@ -161,3 +161,31 @@ def test_streams_cut_runs_in_file_order_by_bytes() -> None:
     assert streams[0] == [[0], [1], [2], [3]]
     assert _split_streams([], [], 4) == []
     assert len(_split_streams(runs, [1] * 8, 16)) == 8
+
+
+def test_a_daemon_given_offsets_into_the_header_exits_65_without_a_socket(work: Path) -> None:
+    """A checkpoint whose header points a tensor into the header itself stops the
+    daemon for good (exit 65, file and tensor in the journal); no socket, no READY."""
+    from tests.helpers import one_model_config, start_daemon
+    from wcached.exits import EX_DATAERR
+
+    ckpt = work / "ckpt"
+    ckpt.mkdir()
+    header = {
+        "ok": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
+        "w": {"dtype": "F32", "shape": [4], "data_offsets": [-16, 0]},
+    }
+    shard = _raw_file(ckpt / "model.safetensors", header, b"\0" * 16)
+    d = start_daemon(one_model_config(work, ckpt))
+    try:
+        rc = d.wait_exit(30)
+        log = d.log()
+        assert rc == EX_DATAERR, log
+        assert str(shard) in log and "tensor 'w'" in log and "data_offsets [-16, 0]" in log, log
+        assert not os.path.exists(d.socket_path)
+        assert not any(m.startswith("READY=1") for m in d.notify.messages)
+    finally:
+        if d.proc.poll() is None:
+            d.proc.kill()
+            d.proc.wait()
+        d.notify.close()
