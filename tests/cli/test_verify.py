@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -139,3 +140,107 @@ def test_nothing_compared_is_not_verified(work: Path, ckpt: Path) -> None:
         r = _verify(cfg)
     assert r.returncode == 3, r.stdout + r.stderr
     assert "default: NOT VERIFIED (0 tensors checked in memory, 0 against the checkpoint)" in r.stdout
+
+
+def _verify_with_served(monkeypatch, capsys, cfg: Path, tamper) -> tuple[int, str]:
+    """``wcached verify`` run in this process, the attachment it gets passed
+    through ``tamper`` first (served host memory is sealed: nothing else can
+    make it differ from what was filled)."""
+    import wcached.client
+    from wcached.cli.verify import run
+
+    real = wcached.client.attach
+
+    def attach(*args, **kwargs):
+        att = real(*args, **kwargs)
+        tamper(att)
+        return att
+
+    monkeypatch.setattr(wcached.client, "attach", attach)
+    rc = run("cpu0", None, str(cfg), None)
+    return rc, capsys.readouterr().out
+
+
+def test_verify_names_a_tensor_whose_served_memory_differs_from_the_fill(
+    work: Path, ckpt: Path, monkeypatch, capsys
+) -> None:
+    """Host memory served that no longer hashes to the digest the fill recorded
+    is a difference (exit 1) naming that tensor, told apart from a checkpoint change."""
+    cfg = tied_model_config(work, ckpt, "64KiB")
+    victim: list[str] = []
+
+    def flip_one(att) -> None:
+        info = next(i for i in att.manifest.tensors if i.digest and i.alias_of is None and i.nbytes >= 4)
+        t = att.tensors[info.name].clone()
+        t.view(-1).view(torch.uint8)[0] ^= 0xFF
+        att.tensors[info.name] = t
+        victim.append(info.name)
+
+    with run_daemon(cfg):
+        rc, out = _verify_with_served(monkeypatch, capsys, cfg, flip_one)
+    assert rc == 1, out
+    assert "default: DIFFERS" in out, out
+    assert f"  {victim[0]}: the memory served differs from what was filled\n" in out, out
+    assert out.lower().count("differs") == 2, out  # the state and that line, no other tensor
+    assert "on disk differs" not in out, out  # the checkpoint is what was filled
+
+
+def test_verify_names_a_tensor_served_but_gone_from_the_checkpoint(work: Path, ckpt: Path) -> None:
+    """A checkpoint rewritten without one of the tensors being served has changed
+    since the fill: verify names that tensor (exit 1), though every other one matches."""
+    from safetensors.torch import load_file, save_file
+
+    cfg = tied_model_config(work, ckpt, "64KiB")
+    with run_daemon(cfg):
+        assert _verify(cfg).returncode == 0
+        shard = sorted(ckpt.glob("*.safetensors"))[-1]
+        tensors = load_file(str(shard))
+        gone = sorted(tensors)[0]
+        del tensors[gone]
+        save_file(tensors, str(shard))
+        index = ckpt / "model.safetensors.index.json"
+        if index.exists():
+            import json
+
+            doc = json.loads(index.read_text())
+            del doc["weight_map"][gone]
+            index.write_text(json.dumps(doc))
+        r = _verify(cfg)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "default: DIFFERS" in r.stdout, r.stdout
+    assert f"  {gone}: served but no longer in the checkpoint" in r.stdout, r.stdout
+
+
+def test_verify_of_a_daemon_serving_no_model_is_not_a_pass(work: Path, ckpt: Path) -> None:
+    """A daemon whose every model was released has nothing to compare: verify
+    says so and exits 3, never 0 ("verified") on silence."""
+    cfg = tied_model_config(work, ckpt, "64KiB")
+    from wcached.client.connection import DaemonConnection
+
+    with run_daemon(cfg) as d:
+        with DaemonConnection(d.socket_path) as conn:
+            conn.release("default")
+        r = _verify(cfg)
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "serves no model to verify" in r.stdout, r.stdout
+
+
+def test_verify_on_a_host_without_torch_checks_what_it_checks_with_torch(work: Path, ckpt: Path) -> None:
+    """A packaged host runs `wcached verify` with Debian's python3, which has
+    no torch: host memory is hashed all the same (tensor for tensor), and a
+    rewritten tensor is named."""
+    cfg = tied_model_config(work, ckpt, "64KiB")
+    shadow = work / "no-torch" / "torch"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('no torch on this host (the test)')\n")
+    env = {**os.environ, "PYTHONPATH": f"{shadow.parent}:{os.environ.get('PYTHONPATH', '')}"}
+    argv = [sys.executable, "-m", "wcached", "verify", "cpu0", "--config", str(cfg)]
+    with run_daemon(cfg):
+        with_torch = _verify(cfg)
+        without = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
+        assert without.returncode == 0, without.stdout + without.stderr
+        assert without.stdout == with_torch.stdout, (without.stdout, with_torch.stdout)
+        victim = _rewrite_one_tensor(ckpt)
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert f"{victim.name}: {Path(victim.file).name} on disk differs from what is served" in r.stdout

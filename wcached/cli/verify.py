@@ -44,7 +44,10 @@ def verify_model(att: Any, model: ModelConfig | None) -> Report:
     for info in manifest.tensors:
         if info.alias_of is not None or not info.digest:
             continue
-        got = tensor_digest.digest(att.tensors[info.name], algorithm, info.nbytes)
+        if isinstance(att, HostBytes):
+            got = att.digest(info, algorithm)
+        else:
+            got = tensor_digest.digest(att.tensors[info.name], algorithm, info.nbytes)
         served[info.name] = got
         rep.checked_memory += 1
         if got != info.digest:
@@ -113,6 +116,9 @@ def _compare_disk(manifest: Any, model: ModelConfig, rep: Report) -> None:
                 continue
             out = BY_TORCH_NAME[info.dtype]
             h = xxhash.xxh3_128()  # tensor_digest.HOST, streamed
+            if out is not t.dtype and not _has_torch():
+                rep.notes.append(f"{t.name}: cast at fill, not compared with the disk (needs torch)")
+                continue
             try:
                 fd = files.fd(t.file)
                 # Read (and cast) as the fill did, a piece at a time.
@@ -130,6 +136,83 @@ def _compare_disk(manifest: Any, model: ModelConfig, rep: Report) -> None:
                     f"{t.name}: {os.path.basename(t.file)} on disk differs from what is served "
                     "(the checkpoint changed since the fill)"
                 )
+    on_disk = {t.name for t in ckpt.tensors}
+    for info in manifest.tensors:
+        if info.alias_of is None and info.name not in on_disk:
+            rep.problems.append(f"{info.name}: served but no longer in the checkpoint {model.path}")
+
+
+class HostBytes:
+    """A host-memory model's segments, mapped read-only without torch (a
+    packaged host's /usr/bin/python3 has none): what verify hashes there.
+    The memfds are checked as an engine's client checks them (sealed, as
+    large as the manifest says) and each tensor's span as its views are."""
+
+    def __init__(self, name: str, path: str):
+        import mmap
+
+        from wcached.client.connection import DaemonConnection
+        from wcached.errors import ProtocolError
+        from wcached.memory.host import check_sealed
+        from wcached.protocol.messages import Attach, Attached
+        from wcached.protocol.wire import close_fds
+
+        self._conn = DaemonConnection(path, client="wcached verify")
+        self._maps: list[mmap.mmap] = []
+        try:
+            reply = self._conn.request(Attach(model=name))
+            if not isinstance(reply, Attached):
+                raise ProtocolError(f"expected attached, got {type(reply).__name__}")
+            fds = self._conn.chan.recv_fds(reply.fd_count, timeout=self._conn.timeout)
+            try:
+                self.manifest = reply.manifest
+                for fd, seg in zip(fds, self.manifest.segments, strict=True):
+                    if seg.backend != "host":
+                        raise ProtocolError(
+                            f"segment {seg.index} is {seg.backend} memory: verify needs torch"
+                        )
+                    check_sealed(fd, seg.nbytes)
+                    self._maps.append(mmap.mmap(fd, seg.nbytes, mmap.MAP_SHARED, mmap.PROT_READ))
+            finally:
+                close_fds(fds)
+        except BaseException:
+            self.close()
+            raise
+
+    def digest(self, info: Any, algorithm: str) -> str:
+        import xxhash
+
+        from wcached.errors import ProtocolError
+
+        if algorithm != tensor_digest.HOST:
+            raise ProtocolError(f"{info.name}: digest {algorithm!r} of host memory")
+        m = self._maps[info.segment]
+        if info.offset < 0 or info.offset + info.nbytes > len(m):
+            raise ProtocolError(f"{info.name}: bytes {info.offset}+{info.nbytes} outside its segment")
+        h = xxhash.xxh3_128()
+        with memoryview(m) as view:
+            h.update(view[info.offset : info.offset + info.nbytes])
+        return h.hexdigest()
+
+    def close(self) -> None:
+        for m in self._maps:
+            m.close()
+        self._maps = []
+        self._conn.close()
+
+    def __enter__(self) -> HostBytes:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _has_torch() -> bool:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def run(instance: str, model_name: str | None, config: str | None, socket_dir: str | None) -> int:
@@ -150,12 +233,22 @@ def run(instance: str, model_name: str | None, config: str | None, socket_dir: s
             print(f"wcached: instance {instance} serves no model {model_name!r} (it serves {names})")
             return 2
         names = [model_name]
+    if not names:
+        # Nothing compared is no "ok" (all released, or none filled yet).
+        print(f"wcached: instance {instance} serves no model to verify")
+        return EXIT_NOT_VERIFIED
     configured = {m.name: m for m in cfg.model} if cfg else {}
     bad = unverified = 0
     for name in names:
         try:
-            with attach(name, instance, socket_dir=sdir, client="wcached verify", keep_lease=False) as att:
-                rep = verify_model(att, configured.get(name))
+            if _has_torch():
+                with attach(
+                    name, instance, socket_dir=sdir, client="wcached verify", keep_lease=False
+                ) as att:
+                    rep = verify_model(att, configured.get(name))
+            else:
+                with HostBytes(name, socket_path(instance, sdir)) as att:
+                    rep = verify_model(att, configured.get(name))
         except WcacheError as e:
             print(f"{name}: cannot attach: {e}")
             bad += 1
