@@ -236,3 +236,112 @@ def test_two_tables_naming_one_device_are_a_config_error(tmp_path: Path) -> None
     with pytest.raises(ConfigError, match="both name") as e:
         instance_settings(cfg, uuid, ("0",))
     assert e.value.key == "instance.0"
+
+
+def _socket_dir_of_length(total: int, name: str, root: str = "/srv") -> str:
+    """A directory under ``root`` whose ``<dir>/<name>`` is ``total`` bytes."""
+    pad = total - len(root) - len("/") - len("/") - len(name)
+    assert pad > 0, root
+    return f"{root}/{'d' * pad}"
+
+
+@pytest.mark.parametrize("instance", ["cpu0", "GPU-8d3c5a5e-0b7c-4b1e-9d2f-0123456789ab"])
+def test_socket_path_of_exactly_107_bytes_is_accepted_and_108_is_refused(
+    tmp_path: Path, instance: str
+) -> None:
+    """sun_path holds 107 bytes and a NUL: a socket path of 107 bytes is
+    fine, one byte more is a config error naming the file and the key."""
+    name = f"{instance}.sock"
+    fits = _socket_dir_of_length(107, name)
+    cfg = load_config(_write(tmp_path, f'[daemon]\nsocket_dir = "{fits}"\n'))
+    assert len(instance_settings(cfg, instance).socket_path.encode()) == 107
+    over = _socket_dir_of_length(108, name)
+    path = _write(tmp_path, f'[daemon]\nsocket_dir = "{over}"\n')
+    with pytest.raises(ConfigError) as e:
+        instance_settings(load_config(path), instance)
+    assert e.value.key == "daemon.socket_dir" and str(path) in str(e.value)
+    assert "108 bytes" in e.value.problem and "allow 107" in e.value.problem
+    assert e.value.exit_status == EX_CONFIG
+
+
+def test_check_config_measures_the_longest_instance_name_to_the_byte(tmp_path: Path) -> None:
+    """check-config passes a socket directory whose longest socket (a GPU
+    UUID's) is 107 bytes and refuses one a byte longer, naming the key."""
+    from wcached.config import LONGEST_SOCKET_NAME, check_socket_path
+
+    fits = _socket_dir_of_length(107, LONGEST_SOCKET_NAME)
+    check_socket_path(load_config(_write(tmp_path, f'[daemon]\nsocket_dir = "{fits}"\n')))
+    over = _socket_dir_of_length(108, LONGEST_SOCKET_NAME)
+    path = _write(tmp_path, f'[daemon]\nsocket_dir = "{over}"\n')
+    r = subprocess.run(
+        [sys.executable, "-m", "wcached", "check-config", "--config", str(path)],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == EX_CONFIG, r.stderr
+    assert "daemon.socket_dir" in r.stderr and "too long" in r.stderr and str(path) in r.stderr
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("[daemon]\nconnection_timeout_s = 0\n", "daemon.connection_timeout_s"),
+        ("[daemon]\nconnection_timeout_s = 0.0\n", "daemon.connection_timeout_s"),
+        ("[daemon]\nconnection_timeout_s = -1.5\n", "daemon.connection_timeout_s"),
+        ("[daemon]\nmax_clients = -1\n", "daemon.max_clients"),
+        ('[instance."cpu1"]\nconnection_timeout_s = 0\n', "instance.cpu1.connection_timeout_s"),
+        ('[instance."cpu1"]\nconnection_timeout_s = -3\n', "instance.cpu1.connection_timeout_s"),
+        ('[instance."cpu1"]\nmax_clients = 0\n', "instance.cpu1.max_clients"),
+        ('[instance."cpu1"]\nmax_clients = -2\n', "instance.cpu1.max_clients"),
+    ],
+)
+def test_a_timeout_or_client_limit_of_zero_or_less_is_a_config_error(
+    tmp_path: Path, text: str, key: str
+) -> None:
+    """A connection timeout of 0 s (or less) or room for no client would make
+    every engine's attach fail: refused up front, naming file and key."""
+    path = _write(tmp_path, text)
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert e.value.key == key and str(path) in str(e.value)
+    assert e.value.exit_status == EX_CONFIG
+
+
+@pytest.mark.parametrize("table", ["[daemon]", '[instance."cpu1"]'], ids=["daemon", "instance"])
+def test_the_smallest_positive_timeout_and_one_client_are_accepted(tmp_path: Path, table: str) -> None:
+    """Just above the edge: a 1 ms connection timeout and a single client
+    slot are legitimate settings, and are what the instance runs with."""
+    cfg = load_config(_write(tmp_path, f"{table}\nconnection_timeout_s = 0.001\nmax_clients = 1\n"))
+    s = instance_settings(cfg, "cpu1")
+    assert (s.connection_timeout_s, s.max_clients) == (0.001, 1)
+
+
+def test_serve_with_a_zero_connection_timeout_exits_78_naming_file_and_key(tmp_path: Path) -> None:
+    """The unit must not restart-loop on connection_timeout_s = 0: serve
+    exits 78 (not retried) and says which file and key."""
+    path = _write(tmp_path, f'[daemon]\nsocket_dir = "{tmp_path / "run"}"\nconnection_timeout_s = 0\n')
+    r = subprocess.run(
+        [sys.executable, "-m", "wcached", "serve", "cpu0", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == EX_CONFIG, r.stderr
+    assert str(path) in r.stderr and "daemon.connection_timeout_s" in r.stderr
+    assert not (tmp_path / "run" / "cpu0.sock").exists()
+
+
+def test_a_daemon_at_the_longest_accepted_socket_path_binds_and_serves(
+    work: Path, sharded_ckpt: Path
+) -> None:
+    """The longest socket path the config accepts (107 bytes) is one the
+    daemon can really bind, and engines can attach through it."""
+    from tests.helpers import one_model_config, run_daemon
+    from wcached.client import attach
+
+    sdir = Path(_socket_dir_of_length(107, "cpu0.sock", str(work)))
+    cfg = one_model_config(work, sharded_ckpt, sdir)
+    with run_daemon(cfg) as d:
+        assert len(d.socket_path.encode()) == 107
+        with attach("default", "cpu0", socket_dir=str(sdir), timeout=10, keep_lease=False) as a:
+            assert "embed.weight" in a.tensors

@@ -74,3 +74,74 @@ def test_meaning_and_fix_come_from_the_table() -> None:
     assert "not retried" in exits.meaning(65) and "(retried)" in exits.meaning(70)
     assert "{unit}" not in exits.fix(65, "wcached@0.service")
     assert "wcached@0.service" in exits.fix(65, "wcached@0.service")
+
+
+def _unit_retries(status: int) -> bool:
+    """Whether the packaged unit's Restart=/RestartPreventExitStatus= start
+    the daemon again after ``wcached serve`` exits with ``status``."""
+    unit = (REPO / "packaging" / "systemd" / "wcached@.service").read_text()
+    (restart,) = re.findall(r"^Restart=(\S+)$", unit, re.M)
+    prevent = {
+        int(x) for line in re.findall(r"^RestartPreventExitStatus=(.*)$", unit, re.M) for x in line.split()
+    }
+    success = {0} | {
+        int(x) for line in re.findall(r"^SuccessExitStatus=(.*)$", unit, re.M) for x in line.split()
+    }
+    # An exit with a status (no signal): on-failure and always restart an
+    # unclean one, on-abnormal/on-watchdog/on-abort/no never do.
+    return restart in ("on-failure", "always") and status not in success and status not in prevent
+
+
+TEMPORARY = [
+    errors.OutOfMemory("out of device memory while filling"),
+    errors.WorkerDied("loader worker was killed by SIGKILL"),
+    errors.DeviceNotReady("NVML: driver not loaded"),
+    errors.CheckpointMissing("checkpoint /mnt/models/llama does not exist"),
+    errors.FillStalled("the fill made no progress for 600 s"),
+    errors.LockHeldError("another daemon (pid 42) serves cpu0"),
+    errors.WorkerNotRunnable("WCACHED_PYTHON /opt/venv/bin/python3 cannot be run"),
+    errors.FillError("the loader worker failed"),
+    RuntimeError("a bug nobody foresaw"),
+]
+PERMANENT = [
+    errors.ConfigError("/etc/wcache/wcached.toml", "daemon.max_clients", "must be >= 1"),
+    errors.CheckpointCorrupt("model.safetensors: tensor 'w' ends early"),
+    errors.FillMisconfigured("no safetensors files in /srv/m"),
+    errors.CheckpointUnreadable("user wcache cannot read /srv/m"),
+    errors.TooManyFiles("/mnt has over 100000 files"),
+    errors.DeviceError("no GPU with index 7"),
+    errors.LockForeign("lock /run/wcache/0.lock belongs to root"),
+    errors.UnservableModel("a quantization each engine must post-process"),
+]
+
+
+def _serve_failing_with(monkeypatch, error: BaseException) -> int:
+    """The status ``wcached serve`` exits with when ``error`` ends its start."""
+    from wcached.daemon import service
+
+    def fail(*_args: object, **_kw: object) -> None:
+        raise error
+
+    monkeypatch.setattr(service, "load_config", fail)
+    monkeypatch.setattr(service.Notifier, "status", lambda self, text: None)
+    return service.serve("cpu0", None)
+
+
+@pytest.mark.parametrize("error", TEMPORARY, ids=lambda e: type(e).__name__)
+def test_a_temporary_failure_is_one_the_unit_retries(monkeypatch, error: BaseException) -> None:
+    """Out of memory, a dead worker, a device or mount not there yet: serve's
+    exit status is one the packaged unit restarts on, with no operator."""
+    status = _serve_failing_with(monkeypatch, error)
+    assert status not in (0, 1), status
+    assert _unit_retries(status), f"{type(error).__name__} exits {status}, which the unit does not retry"
+
+
+@pytest.mark.parametrize("error", PERMANENT, ids=lambda e: type(e).__name__)
+def test_a_permanent_failure_is_one_the_unit_does_not_retry(monkeypatch, error: BaseException) -> None:
+    """A configuration mistake or a corrupt checkpoint: retrying cannot fix
+    it, so serve exits with a status the unit stays failed on."""
+    status = _serve_failing_with(monkeypatch, error)
+    assert status != 0, status
+    assert not _unit_retries(status), (
+        f"{type(error).__name__} exits {status}, which the unit retries in a loop"
+    )

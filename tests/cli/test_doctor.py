@@ -250,3 +250,38 @@ def test_versions_are_the_installed_distributions(monkeypatch) -> None:
     assert "xxhash 3.2.0" in text and "xxhash 3.0.0" not in text, text
     # Where no distribution is found (a source checkout), the module's own.
     assert "msgspec 3.0.0" in text
+
+
+@pytest.mark.parametrize(
+    "case", ["symlink", "dangling-symlink", "writable-by-another-group", "world-writable", "foreign-owner"]
+)
+def test_an_untrusted_socket_directory_is_reported_once_and_its_fix_lets_the_daemon_start(
+    work: Path, sharded_ckpt: Path, case: str
+) -> None:
+    """A socket directory serve would refuse: doctor says so once, naming
+    the directory, with a fix that, pasted into a shell as root, makes it
+    one the daemon starts with (and doctor no longer complains)."""
+    from tests.daemon.test_socket_dir import plant
+    from tests.helpers import one_model_config, run_daemon
+
+    if os.geteuid() != 0:
+        pytest.skip("runs the fix as root")
+    if subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
+        pytest.skip("needs unshare -m to keep the fix's tmpfiles.d line off this host")
+    run = work / "run"
+    plant(case, run)
+    cfg = one_model_config(work, sharded_ckpt, run)
+    out = _doctor(cfg, "--user", "root").stdout
+    fails = [line for line in out.splitlines() if line.startswith("FAIL") and str(run) in line]
+    assert len(fails) == 1 and f"socket directory {run} " in fails[0], out
+    _, fix = _problem(out, f"socket directory {run} ")
+    # As printed; a private /etc/tmpfiles.d takes the line that survives reboots.
+    subprocess.run(
+        ["unshare", "-m", "sh", "-ec", f"mount -t tmpfs tmpfs /etc/tmpfiles.d\n{fix}"],
+        check=True,
+        capture_output=True,
+    )
+    again = _doctor(cfg, "--user", "root").stdout
+    assert not [line for line in again.splitlines() if line.startswith("FAIL") and str(run) in line], again
+    with run_daemon(cfg) as d:
+        assert d.proc.poll() is None

@@ -315,3 +315,84 @@ def test_systemds_result_says_more_than_the_exit_status() -> None:
     assert "cpu1: started too often" in table([gave_up])
     stalled = _unit_view(_unit("cpu2", "activating", "auto-restart", "watchdog", 6), "cpu2")
     assert stalled.exit_meaning == "killed by the watchdog: its main loop stalled"
+
+
+def _status_of(sdir: Path, *args: str, timeout: float = 30) -> tuple[int, list[dict], float]:
+    """``wcached status --json`` for the sockets in ``sdir``: its exit
+    status, the instances it printed and how long it took."""
+    import time
+
+    cfg = sdir / "wcached.toml"
+    cfg.write_text(f'[daemon]\nsocket_dir = "{sdir}"\n')
+    started = time.monotonic()
+    r = subprocess.run(
+        [sys.executable, "-m", "wcached", "status", "--config", str(cfg), "--json", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    return r.returncode, json.loads(r.stdout or "[]"), time.monotonic() - started
+
+
+def test_a_socket_nobody_listens_on_is_down_and_status_exits_3(tmp_path: Path) -> None:
+    """A daemon killed without cleanup leaves its socket file: status says
+    down (exit 3), and that the socket refuses connections."""
+    import socket
+
+    from wcached.cli import EXIT_DOWN
+
+    dead = socket.socket(socket.AF_UNIX)
+    dead.bind(str(tmp_path / "cpu3.sock"))
+    dead.close()
+    rc, views, took = _status_of(tmp_path, "--timeout", "5")
+    assert rc == EXIT_DOWN == 3, views
+    (view,) = views
+    assert (view["instance"], view["state"]) == ("cpu3", "down")
+    assert "refuses connections" in view["error"] and str(tmp_path / "cpu3.sock") in view["error"]
+    assert took < 5, "a refused connection needs no waiting"
+
+
+def test_a_daemon_that_accepts_but_never_answers_does_not_hang_status(tmp_path: Path) -> None:
+    """A daemon whose main loop is stuck still has connections accepted by
+    the kernel: status gives up after --timeout, says down (exit 3) with
+    "timed out" (not "refuses connections"), and still reports the rest."""
+    import socket
+
+    from wcached.cli import EXIT_DOWN
+
+    stuck = socket.socket(socket.AF_UNIX)
+    stuck.bind(str(tmp_path / "cpu4.sock"))
+    stuck.listen(8)
+    dead = socket.socket(socket.AF_UNIX)
+    dead.bind(str(tmp_path / "cpu5.sock"))
+    dead.close()
+    try:
+        rc, views, took = _status_of(tmp_path, "--timeout", "1", timeout=20)
+    finally:
+        stuck.close()
+    assert rc == EXIT_DOWN == 3, views
+    by = {v["instance"]: v for v in views}
+    assert by["cpu4"]["state"] == "down" and "timed out" in by["cpu4"]["error"], by
+    assert "refuses connections" not in by["cpu4"]["error"]
+    assert by["cpu5"]["state"] == "down" and "refuses connections" in by["cpu5"]["error"], by
+    assert took < 10, f"status took {took:.1f} s with --timeout 1"
+
+
+def test_a_running_unit_whose_socket_does_not_answer_is_down_not_unknown(tmp_path: Path) -> None:
+    """systemd says the unit runs, yet its socket did not answer (or is not
+    there): down (the operator must look), not unknown (which means "not
+    allowed to ask")."""
+    from wcached.cli.status import InstanceView, _with_units, all_serving, any_unknown, gather
+
+    running = _unit("cpu6", "active", "running", text="serving 1 model(s)")
+    (gone,) = gather(str(tmp_path), None, 1.0, [running])
+    assert (gone.instance, gone.state, gone.unit) == ("cpu6", "down", "wcached@cpu6.service")
+    assert not all_serving([gone]) and not any_unknown([gone])
+
+    hung = InstanceView(
+        instance="cpu4", instance_id="cpu4", state="down", error="timed out waiting for a frame"
+    )
+    (view,) = _with_units([hung], [_unit("cpu4", "active", "running", text="serving 1 model(s)")], None)
+    assert view.state == "down" and view.error == "timed out waiting for a frame"
+    assert view.unit == "wcached@cpu4.service"
+    assert not all_serving([view]) and not any_unknown([view])

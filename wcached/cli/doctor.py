@@ -240,13 +240,18 @@ def check_socket_dir(r: Report, cfg, user: str = DAEMON_USER) -> None:
 
     sdir = cfg.daemon.socket_dir
     quoted = shlex.quote(sdir)
+    # Made for the daemon's user (the one checked), as serve requires it.
+    try:
+        owner, group = user, grp.getgrgid(pwd.getpwnam(user).pw_gid).gr_name
+    except KeyError:
+        owner = group = user
     create = (
         "systemd-tmpfiles --create wcached.conf"
         if sdir == defaults.SOCKET_DIR
         else (
-            f"install -d -o {DAEMON_USER} -g {DAEMON_USER} -m 0750 {quoted} && "
-            f"echo 'd {sdir} 0750 {DAEMON_USER} {DAEMON_USER} -' > /etc/tmpfiles.d/wcached-socket-dir.conf "
-            "(the package's tmpfiles line creates /run/wcache only; this one survives a reboot)"
+            f"install -d -o {owner} -g {group} -m 0750 {quoted} && "
+            f"echo 'd {sdir} 0750 {owner} {group} -' > /etc/tmpfiles.d/wcached-socket-dir.conf "
+            "  # the package's tmpfiles line creates /run/wcache only; this one survives a reboot"
         )
     )
     try:

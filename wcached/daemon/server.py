@@ -125,8 +125,9 @@ class Server:
         # Bound under a temporary name, made 0660 and listening, then renamed
         # into place: the path never names nothing, a half-made socket or
         # another process's socket once this one exists.
-        # (short: never longer than the real name, whose length was checked).
-        tmp = os.path.join(os.path.dirname(path), f".{os.getpid()}.sock")
+        # (".<id>.tmp": exactly as long as "<id>.sock", whose length was
+        # checked; ours alone while this daemon holds the instance's lock).
+        tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path).removesuffix('.sock')}.tmp")
         old = os.umask(0o117)  # created 0660 from the start, never briefly wider
         try:
             if os.path.lexists(tmp):

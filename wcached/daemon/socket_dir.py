@@ -62,6 +62,9 @@ def fix(path: str, owner_uid: int | None = None) -> str:
         group = grp.getgrgid(pwd.getpwuid(uid).pw_gid).gr_name
     except KeyError:
         group = user
+    if os.path.islink(path) or (os.path.lexists(path) and not os.path.isdir(path)):
+        # chown and chmod would follow the link: replace it with a directory.
+        return f"rm {path} && install -d -o {user} -g {group} -m 0750 {path}"
     return f"chown {user}:{group} {path} && chmod 0750 {path}"
 
 
