@@ -92,3 +92,22 @@ def write_result(name: str, result: dict, table: str) -> Path:
     )
     base.with_suffix(".md").write_text(header + table + "\n")
     return base
+
+
+def drop_page_cache(model: Path) -> None:
+    """Every file of ``model`` out of the page cache (no root needed)."""
+    for f in model.iterdir():
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.fsync(fd)  # dirty pages are not dropped
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def warm_page_cache(model: Path) -> None:
+    """Every shard of ``model`` read once, into the page cache."""
+    for f in model.glob("*.safetensors"):
+        with open(f, "rb") as fh:
+            while fh.read(64 << 20):
+                pass

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import re
 import statistics
 import subprocess
@@ -30,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import LLAMA8B, write_result
+from common import LLAMA8B, drop_page_cache, warm_page_cache, write_result
 
 from tests.helpers import run_daemon
 from tests.integrations.test_vllm_gpu import _config, engine
@@ -73,23 +72,6 @@ def generate_on_gpu(out: Path, cfg: dict, shard_bytes: int = 4 << 30) -> Path:
     (out / "model.safetensors.index.json").write_text(json.dumps(index))
     (out / "config.json").write_text(json.dumps(cfg))
     return out
-
-
-def drop_page_cache(model: Path) -> None:
-    for f in model.iterdir():
-        fd = os.open(f, os.O_RDONLY)
-        try:
-            os.fsync(fd)  # dirty pages are not dropped
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
-def warm_page_cache(model: Path) -> None:
-    for f in model.glob("*.safetensors"):
-        with open(f, "rb") as fh:
-            while fh.read(64 << 20):
-                pass
 
 
 def gpu_name() -> str:
