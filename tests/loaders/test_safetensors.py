@@ -133,8 +133,56 @@ def test_runs_group_back_to_back_tensors_of_one_file_and_segment() -> None:
         t("e", "y", 24, 16),
     ]
     placements = [Placement(x.name, 0 if x.name != "e" else 1, 0, 16) for x in tensors]
-    assert _runs(tensors, placements, [False] * 5) == [[0, 1], [2], [3], [4]]
-    assert _runs(tensors, placements, [False, True, False, False, False]) == [[0], [1], [2], [3], [4]]
+    assert _runs(tensors, placements, [False] * 5, 1 << 20) == [[0, 1], [2], [3], [4]]
+    assert _runs(tensors, placements, [False, True, False, False, False], 1 << 20) == [
+        [0],
+        [1],
+        [2],
+        [3],
+        [4],
+    ]
+    # The backend's run size bounds a run: two 16-byte tensors fit in 32, not in 31.
+    assert _runs(tensors, placements, [False] * 5, 32) == [[0, 1], [2], [3], [4]]
+    assert _runs(tensors, placements, [False] * 5, 31) == [[0], [1], [2], [3], [4]]
+    # A tensor as large as a run is a run of its own.
+    assert _runs(tensors, placements, [False] * 5, 16) == [[0], [1], [2], [3], [4]]
+
+
+def test_a_fill_reads_runs_no_larger_than_its_backend_takes(tmp_path: Path) -> None:
+    seen: list[int] = []
+
+    class SmallRuns(HostBackend):
+        run_bytes = 1000
+
+        def allocate(self, nbytes, label):
+            writer = super().allocate(nbytes, label)
+            inner = writer.write_run
+
+            def write_run(src_fd, file_offset, pieces, hashers):
+                seen.append(sum(n for _, n in pieces))
+                return inner(src_fd, file_offset, pieces, hashers)
+
+            writer.write_run = write_run
+            return writer
+
+    tensors = {f"t{i}": torch.full((50,), float(i)) for i in range(20)}  # 200 bytes each
+    ckpt = write_sharded(tmp_path / "c", tensors, shards=1)
+    model = SafetensorsModel(name="m", path=str(ckpt), alignment=8)
+    filled = SafetensorsLoader().fill(model, SmallRuns(), "cpu0", lambda *a: None)
+    assert seen and max(seen) <= 1000 and sum(seen) == 20 * 200
+    views = _views(filled)
+    for name, t in tensors.items():
+        assert torch.equal(views[name], t), name
+
+
+def test_contiguous_copies_join_neighbours_in_segment_and_buffer() -> None:
+    from wcached.memory.cuda import contiguous_copies
+
+    # Read back to back: 0..16, 16..32, 32..48, 48..48 (empty), 48..56.
+    pieces = [(1024, 16), (1040, 16), (2048, 16), (9999, 0), (2064, 8)]
+    assert contiguous_copies(pieces) == [(1024, 0, 32), (2048, 32, 24)]
+    assert contiguous_copies([(0, 8), (16, 8)]) == [(0, 0, 8), (16, 8, 8)]  # a gap in the segment
+    assert contiguous_copies([]) == []
 
 
 def test_truncation_during_fill_names_the_tensor(tmp_path: Path, monkeypatch) -> None:

@@ -187,3 +187,39 @@ def test_fill_and_attach_many_tensors_across_segments(work: Path) -> None:
         assert len(a.manifest.segments) > 253  # more fds than one SCM_RIGHTS batch
         for name, t in tensors.items():
             assert torch.equal(a.tensors[name].cpu(), t), name
+
+
+def test_runs_of_small_and_chunk_sized_tensors_fill_bit_exact(work: Path) -> None:
+    """Tensors back to back in the segment (copied together), with alignment
+    gaps between them (copied apart), and ones at and past the staging
+    chunk (several copies each): every byte and every digest as on disk."""
+    import torch
+    import xxhash
+    from safetensors.torch import load_file
+
+    from wcached.client import attach
+    from wcached.memory.cuda import STAGING_CHUNK
+
+    g = torch.Generator().manual_seed(7)
+    tensors = {}
+    for i in range(400):
+        n = (64, 100, 333, 1024)[i % 4]  # 128 bytes and 2 KiB share alignment; 200 and 666 do not
+        tensors[f"small.{i:03d}"] = torch.randn(n, generator=g).to(torch.bfloat16)
+    tensors["chunk.exact"] = torch.randn(STAGING_CHUNK // 2, generator=g).to(torch.bfloat16)
+    tensors["chunk.over"] = torch.randn(STAGING_CHUNK // 2 + 3, generator=g).to(torch.bfloat16)
+    tensors["chunk.many"] = torch.randn(5 * STAGING_CHUNK // 4 + 1, generator=g)
+    ckpt = write_sharded(work / "mixed", tensors, shards=2)
+    cfg = write_config(
+        work / "mixed.toml",
+        models=[{"name": "default", "path": str(ckpt), "alignment": 128}],
+        daemon={"socket_dir": str(work / "run")},
+    )
+    ref = {}
+    for f in sorted(ckpt.glob("*.safetensors")):
+        ref.update(load_file(str(f)))
+    with run_daemon(cfg, "0") as d, attach("default", "0", socket_dir=d.socket_dir) as a:
+        digests = {t.name: t.digest for t in a.manifest.tensors}
+        for name, t in ref.items():
+            got = as_bytes(a.tensors[name]).cpu()
+            assert torch.equal(got, as_bytes(t)), name
+            assert digests[name] == xxhash.xxh3_128(got.numpy().tobytes()).hexdigest(), name

@@ -32,7 +32,7 @@ from wcached.loaders.checkpoint import (
     header_fingerprint,
 )
 from wcached.loaders.layout import FilledModel, PhaseClock, alias_entries, fill_segments, plan_layout
-from wcached.memory.base import MAX_RUN_BYTES, MemoryBackend, ProgressFn
+from wcached.memory.base import MemoryBackend, ProgressFn
 from wcached.protocol.messages import Manifest, SegmentInfo, TensorInfo
 
 
@@ -92,7 +92,9 @@ class SafetensorsLoader:
             model.name,
             seg_sizes,
             clock,
-            lambda writers: self._copy_all(model, ckpt, out_dtypes, placements, writers, progress),
+            lambda writers: self._copy_all(
+                model, ckpt, out_dtypes, placements, writers, progress, backend.run_bytes
+            ),
         )
 
         fingerprint = header_fingerprint(ckpt)
@@ -153,7 +155,7 @@ class SafetensorsLoader:
             return stored
         return BY_TORCH_NAME[model.dtype]
 
-    def _copy_all(self, model, ckpt, out_dtypes, placements, writers, progress) -> list[str]:
+    def _copy_all(self, model, ckpt, out_dtypes, placements, writers, progress, run_bytes) -> list[str]:
         want_digest = model.digest or model.fingerprint == "content"
         tensors: list[StoredTensor] = ckpt.tensors
         digests = [""] * len(tensors)
@@ -197,7 +199,7 @@ class SafetensorsLoader:
                     copy(run, files.fd(tensors[run[0]].file))
 
         cast = [d is not t.dtype for d, t in zip(out_dtypes, tensors, strict=True)]
-        runs = _runs(tensors, placements, cast)
+        runs = _runs(tensors, placements, cast, run_bytes)
         streams = _split_streams(runs, [sum(tensors[i].nbytes for i in r) for r in runs], model.reader_count)
         with concurrent.futures.ThreadPoolExecutor(len(streams) or 1) as pool:
             for _ in pool.map(stream, streams):
@@ -223,14 +225,15 @@ def _split_streams(runs: list[list[int]], sizes: list[int], count: int) -> list[
 MAX_RUN_TENSORS = 512
 
 
-def _runs(tensors: list[StoredTensor], placements: list, cast: list[bool]) -> list[list[int]]:
+def _runs(tensors: list[StoredTensor], placements: list, cast: list[bool], limit: int) -> list[list[int]]:
     """Group tensors stored back to back in one file and placed in one segment
-    into runs of at most MAX_RUN_BYTES, each copied with a single read."""
+    into runs of at most ``limit`` bytes (the backend's ``run_bytes``), each
+    copied with a single read."""
     runs: list[list[int]] = []
     cur: list[int] = []
     cur_bytes = 0
     for i, t in enumerate(tensors):
-        if cast[i] or t.nbytes >= MAX_RUN_BYTES:
+        if cast[i] or t.nbytes >= limit:
             if cur:
                 runs.append(cur)
                 cur, cur_bytes = [], 0
@@ -242,7 +245,7 @@ def _runs(tensors: list[StoredTensor], placements: list, cast: list[bool]) -> li
                 t.file != prev.file
                 or placements[i].segment != placements[cur[-1]].segment
                 or t.data_start != prev.data_start + prev.nbytes
-                or cur_bytes + t.nbytes > MAX_RUN_BYTES
+                or cur_bytes + t.nbytes > limit
                 or len(cur) >= MAX_RUN_TENSORS
             ):
                 runs.append(cur)

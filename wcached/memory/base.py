@@ -22,9 +22,8 @@ if TYPE_CHECKING:
     from wcached.protocol.messages import SegmentInfo
 
 
-# The most bytes one write_run() copies: a staging buffer's worth. Small
-# enough that pinning every thread's buffers stays cheap, large enough for
-# full-speed reads and DMA.
+# The most bytes one write_run() copies, unless a backend says otherwise
+# (MemoryBackend.run_bytes): large enough for full-speed reads.
 MAX_RUN_BYTES = 16 << 20
 
 
@@ -67,7 +66,7 @@ class SegmentWriter(abc.ABC):
     ) -> int:
         """Copy tensors stored back to back in the file from ``file_offset``
         to their ``(offset, nbytes)`` places; one read for all of them (at most
-        :data:`MAX_RUN_BYTES`). Returns the bytes read."""
+        the backend's :attr:`MemoryBackend.run_bytes`). Returns the bytes read."""
         done = 0
         for (offset, nbytes), hasher in zip(pieces, hashers, strict=True):
             got = self.write_from_file(src_fd, file_offset + done, offset, nbytes, hasher)
@@ -107,6 +106,9 @@ class MemoryBackend(abc.ABC):
     name: str
     # Segment sizes are rounded up to this.
     granularity: int
+    # The most bytes one SegmentWriter.write_run() takes (a staging buffer's
+    # worth where the backend stages).
+    run_bytes: int = MAX_RUN_BYTES
 
     @abc.abstractmethod
     def allocate(self, nbytes: int, label: str) -> SegmentWriter: ...

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from wcached.errors import DeviceError, DeviceNotReady, OutOfMemory, ProtocolError
-from wcached.memory.base import MAX_RUN_BYTES, Hasher, MemoryBackend, SegmentWriter, preadv_full
+from wcached.memory.base import Hasher, MemoryBackend, SegmentWriter, preadv_full
 
 if TYPE_CHECKING:
     import torch
@@ -33,9 +33,14 @@ if TYPE_CHECKING:
 log = logging.getLogger("wcached.cuda")
 
 # Staging: each filling thread owns STAGING_BUFFERS pinned buffers of
-# STAGING_CHUNK bytes, so host memory in use is threads x 3 x 16 MiB, never a
-# second copy of the model.
-STAGING_CHUNK = MAX_RUN_BYTES
+# STAGING_CHUNK bytes, so host memory in use is threads x 3 x 4 MiB, never a
+# second copy of the model. Small on purpose: a chunk a thread has just read
+# is still in the CPU's last-level cache when the copy engine reads it. On the
+# H200 host, 16 threads page cache -> GPU moved 36 GB/s with 4 MiB chunks
+# against 19.5 GB/s with 16 MiB ones and 28 GB/s with 2 MiB (deeper rings of
+# 6 buffers were slower too), with PCIe itself at 55 GB/s
+# (bench/fill_paths_cuda.py, bench/results/cuda-fill-paths-v2-20261202).
+STAGING_CHUNK = 4 << 20
 STAGING_BUFFERS = 3
 
 _init_lock = threading.Lock()
@@ -197,6 +202,23 @@ class _Staging:
         self.buffers = []
 
 
+def contiguous_copies(pieces: Sequence[tuple[int, int]]) -> list[tuple[int, int, int]]:
+    """``(offset, nbytes)`` places of tensors read back to back into one
+    buffer, as the fewest ``(destination, buffer position, nbytes)`` copies:
+    neighbours that are neighbours in the segment too are one copy."""
+    copies: list[tuple[int, int, int]] = []
+    pos = 0
+    for offset, nbytes in pieces:
+        if nbytes:
+            if copies and copies[-1][0] + copies[-1][2] == offset and copies[-1][1] + copies[-1][2] == pos:
+                dst, src, n = copies[-1]
+                copies[-1] = (dst, src, n + nbytes)
+            else:
+                copies.append((offset, pos, nbytes))
+        pos += nbytes
+    return copies
+
+
 class CudaSegmentWriter(SegmentWriter):
     def __init__(self, backend: CudaBackend, nbytes: int, label: str):
         cu = backend.cu
@@ -248,20 +270,20 @@ class CudaSegmentWriter(SegmentWriter):
         pieces: Sequence[tuple[int, int]],
         hashers: Sequence[Hasher | None],
     ) -> int:
-        # One read into a staging buffer, then one async copy per tensor.
+        # One read into a staging buffer, then one async copy per stretch of
+        # tensors that lie back to back in the segment as in the file.
         total = sum(n for _, n in pieces)
         st = self.backend.staging()
         ptr, view, event = st.next()
         got = preadv_full(src_fd, [view[:total]], file_offset)
-        cu, pos = self.backend.cu, 0
-        for (offset, nbytes), hasher in zip(pieces, hashers, strict=True):
+        pos = 0
+        for (_, nbytes), hasher in zip(pieces, hashers, strict=True):
             if hasher is not None:
                 hasher.update(view[pos : pos + nbytes])
-            if nbytes:
-                check(
-                    cu.cuMemcpyHtoDAsync(self.va + offset, ptr + pos, nbytes, st.stream), "cuMemcpyHtoDAsync"
-                )
             pos += nbytes
+        cu = self.backend.cu
+        for dst, src, nbytes in contiguous_copies(pieces):
+            check(cu.cuMemcpyHtoDAsync(self.va + dst, ptr + src, nbytes, st.stream), "cuMemcpyHtoDAsync")
         check(cu.cuEventRecord(event, st.stream), "cuEventRecord")
         return got
 
@@ -312,6 +334,7 @@ class CudaSegmentWriter(SegmentWriter):
 
 class CudaBackend(MemoryBackend):
     name = "cuda"
+    run_bytes = STAGING_CHUNK
 
     def __init__(self, device: str):
         self.cu = cu = driver()
