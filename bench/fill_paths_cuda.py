@@ -303,6 +303,7 @@ def main() -> None:
     p.add_argument("--data", default=str(DATA))
     p.add_argument("--quick", action="store_true")
     p.add_argument("--v2", action="store_true", help="the second round of variants only")
+    p.add_argument("--v3", action="store_true", help="the third round: threads, chunk and depth near 4 MiB")
     args = p.parse_args()
     ckpt = Path(args.data) / "llama8b"
     generate(ckpt, llama_shapes(LLAMA8B), 4)
@@ -324,6 +325,14 @@ def main() -> None:
 
     if args.v2:
         v2(ctx, files, dev, dst, rec)
+        return finish(res, gb, files)
+    if args.v3:
+        for t in (6, 8, 12, 16):
+            for chunk in (3 << 20, 4 << 20, 6 << 20):
+                for nbuf in (2, 3):
+                    dev.zero_()
+                    secs = pread_h2d(ctx, files, dst, t, chunk, nbuf)
+                    rec(f"pread_h2d_t{t}_c{chunk >> 20}M_b{nbuf}", secs, check_bytes(files, dev))
         return finish(res, gb, files)
     for t in (1, 4, 8, 16):
         rec(f"pread_only_t{t}", pread_only(ctx, files, t))

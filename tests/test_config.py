@@ -41,7 +41,7 @@ def test_good_config_resolves_relative_paths_and_instances(tmp_path: Path) -> No
     assert cfg.daemon.socket_dir == str(tmp_path / "run")
     assert cfg.model[0].path == str(tmp_path / "models" / "llama")
     assert cfg.model[1].segment_bytes == 512 << 20
-    assert 1 <= cfg.model[1].reader_count <= 16  # "auto"
+    assert 1 <= cfg.model[1].reader_count() <= 16  # "auto"
     s0 = instance_settings(cfg, "cpu0")
     assert [m.name for m in s0.models] == ["llama", "small"]
     assert s0.connection_timeout_s == 10.0

@@ -120,7 +120,8 @@ class ModelConfig(
     # Record a digest of every tensor (for `wcached verify`): xxh3-128 of host
     # memory, wmix128 computed on the GPU for GPU memory (wcached.tensor_digest).
     digest: bool = True
-    # Threads reading the checkpoint; "auto" = one per core, at most 16.
+    # Threads reading the checkpoint; "auto" = one per core, at most 16
+    # (at most 8 filling a GPU: MemoryBackend.auto_readers).
     read_threads: int | Literal["auto"] = "auto"
     # A fill that makes no progress for this long fails (exit 75, retried by
     # the unit), naming why.
@@ -144,10 +145,11 @@ class ModelConfig(
         size = parse_size(self.segment_size, "segment_size")
         return self if size == self.segment_size else msgspec.structs.replace(self, segment_size=size)
 
-    @property
-    def reader_count(self) -> int:
+    def reader_count(self, most: int = 16) -> int:
+        """Reader threads for a fill: ``read_threads``, or for "auto" one per
+        core and at most ``most`` (the backend's ``auto_readers``)."""
         if self.read_threads == "auto":
-            return max(1, min(16, os.cpu_count() or 1))
+            return max(1, min(most, os.cpu_count() or 1))
         return self.read_threads
 
     def problems(self) -> list[tuple[str, str]]:

@@ -92,9 +92,7 @@ class SafetensorsLoader:
             model.name,
             seg_sizes,
             clock,
-            lambda writers: self._copy_all(
-                model, ckpt, out_dtypes, placements, writers, progress, backend.run_bytes
-            ),
+            lambda writers: self._copy_all(model, ckpt, out_dtypes, placements, writers, progress, backend),
         )
 
         fingerprint = header_fingerprint(ckpt)
@@ -155,7 +153,7 @@ class SafetensorsLoader:
             return stored
         return BY_TORCH_NAME[model.dtype]
 
-    def _copy_all(self, model, ckpt, out_dtypes, placements, writers, progress, run_bytes) -> list[str]:
+    def _copy_all(self, model, ckpt, out_dtypes, placements, writers, progress, backend) -> list[str]:
         want_digest = model.digest or model.fingerprint == "content"
         tensors: list[StoredTensor] = ckpt.tensors
         digests = [""] * len(tensors)
@@ -199,8 +197,9 @@ class SafetensorsLoader:
                     copy(run, files.fd(tensors[run[0]].file))
 
         cast = [d is not t.dtype for d, t in zip(out_dtypes, tensors, strict=True)]
-        runs = _runs(tensors, placements, cast, run_bytes)
-        streams = _split_streams(runs, [sum(tensors[i].nbytes for i in r) for r in runs], model.reader_count)
+        runs = _runs(tensors, placements, cast, backend.run_bytes)
+        sizes = [sum(tensors[i].nbytes for i in r) for r in runs]
+        streams = _split_streams(runs, sizes, model.reader_count(backend.auto_readers))
         with concurrent.futures.ThreadPoolExecutor(len(streams) or 1) as pool:
             for _ in pool.map(stream, streams):
                 pass

@@ -109,6 +109,8 @@ class MemoryBackend(abc.ABC):
     # The most bytes one SegmentWriter.write_run() takes (a staging buffer's
     # worth where the backend stages).
     run_bytes: int = MAX_RUN_BYTES
+    # Reader threads that read_threads = "auto" gives a fill, at most.
+    auto_readers: int = 16
 
     @abc.abstractmethod
     def allocate(self, nbytes: int, label: str) -> SegmentWriter: ...
