@@ -1106,4 +1106,20 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/cli/test_status.py::test_a_running_unit_whose_socket_does_not_answer_is_down_not_unknown",),
         function="_unit_view",
     ),
+    Mutation(
+        "a fill's runs ignore the backend's run size",
+        "wcached/loaders/safetensors.py",
+        "runs = _runs(tensors, placements, cast, backend.run_bytes)",
+        "runs = _runs(tensors, placements, cast, 1 << 24)",
+        ("tests/loaders/test_safetensors.py::test_a_fill_reads_runs_no_larger_than_its_backend_takes",),
+        function="SafetensorsLoader._copy_all",
+    ),
+    Mutation(
+        "tensors apart in the segment copied as one",
+        "wcached/memory/cuda.py",
+        "if copies and copies[-1][0] + copies[-1][2] == offset:",
+        "if copies:",
+        ("tests/loaders/test_safetensors.py::test_contiguous_copies_join_neighbours_in_segment_and_buffer",),
+        function="contiguous_copies",
+    ),
 )

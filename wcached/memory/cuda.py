@@ -209,12 +209,13 @@ class _Staging:
 def contiguous_copies(pieces: Sequence[tuple[int, int]]) -> list[tuple[int, int, int]]:
     """``(offset, nbytes)`` places of tensors read back to back into one
     buffer, as the fewest ``(destination, buffer position, nbytes)`` copies:
-    neighbours that are neighbours in the segment too are one copy."""
+    neighbours in the buffer (all are) that are neighbours in the segment
+    too are one copy."""
     copies: list[tuple[int, int, int]] = []
     pos = 0
     for offset, nbytes in pieces:
         if nbytes:
-            if copies and copies[-1][0] + copies[-1][2] == offset and copies[-1][1] + copies[-1][2] == pos:
+            if copies and copies[-1][0] + copies[-1][2] == offset:
                 dst, src, n = copies[-1]
                 copies[-1] = (dst, src, n + nbytes)
             else:
