@@ -92,3 +92,26 @@ def test_a_version_1_daemon_is_greeted_again_at_version_1(work: Path, tmp_path: 
 def test_a_later_daemon_with_unknown_fields_is_attached(work: Path, tmp_path: Path) -> None:
     version, hellos = _attach_through("next", work, tmp_path)
     assert version == 2 and hellos[0]["version"] == 2
+
+
+def test_the_replies_types_are_resolved_when_the_client_is_imported() -> None:
+    """An engine's first attach does not pay for msgspec's evaluation of the
+    reply structs' annotations (~2 ms): importing the client did it."""
+    import subprocess
+    import sys
+
+    # msgspec evaluates the annotations (strings here) through typing's
+    # ForwardRef: counted while a decoder for the replies is made.
+    script = """
+import typing
+from wcached.client import connection
+from wcached.protocol.messages import Reply
+import msgspec
+calls = []
+real = typing.ForwardRef._evaluate
+typing.ForwardRef._evaluate = lambda *a, **k: calls.append(a) or real(*a, **k)
+msgspec.msgpack.Decoder(Reply)
+print(len(calls))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "0", out.stdout + out.stderr

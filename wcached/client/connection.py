@@ -25,7 +25,10 @@ from wcached.protocol.messages import (
     StatusRequest,
     Welcome,
 )
-from wcached.protocol.wire import MAX_REPLY_BYTES, Channel, PeerClosed, connect
+from wcached.protocol.wire import MAX_REPLY_BYTES, Channel, PeerClosed, connect, prepare_decoding
+
+# At import (an engine imports its loader plugin long before it attaches).
+prepare_decoding(Reply)
 
 
 def find_socket_dir(socket_dir: str | None, config: str | None) -> str:

@@ -343,8 +343,9 @@ class CudaBackend(MemoryBackend):
     # Readers feeding one GPU: 8 to 12 moved 35-41 GB/s, 16 as little as
     # 15 GB/s on the 16-core H200 host (its cores then also serve the copy
     # engine's interrupts and the worker's other threads), in the same runs
-    # (bench/results/cuda-fill-paths-v3-20261202).
-    auto_readers = 8
+    # (bench/results/cuda-fill-paths-v3-20261202); with digests on, 12 filled
+    # 26 GB/s where 8 filled 20 (they hash too: cuda-profile-20261202).
+    auto_readers = 12
 
     def __init__(self, device: str):
         self.cu = cu = driver()
