@@ -340,12 +340,14 @@ class CudaSegmentWriter(SegmentWriter):
 class CudaBackend(MemoryBackend):
     name = "cuda"
     run_bytes = STAGING_CHUNK
-    # Readers feeding one GPU: 8 to 12 moved 35-41 GB/s, 16 as little as
-    # 15 GB/s on the 16-core H200 host (its cores then also serve the copy
-    # engine's interrupts and the worker's other threads), in the same runs
-    # (bench/results/cuda-fill-paths-v3-20261202); with digests on, 12 filled
-    # 26 GB/s where 8 filled 20 (they hash too: cuda-profile-20261202).
-    auto_readers = 12
+    # Readers feeding one GPU. The copy alone moved 35-41 GB/s with 8 to 12
+    # readers and as little as 15 GB/s with 16 on the 16-core H200 host (its
+    # cores also serve the copy engine and the worker's other threads:
+    # bench/results/cuda-fill-paths-v3-20261202). The whole fill with
+    # digests: 8 readers 24.5 GB/s (cuda-attach-20261202), 12 readers 11.5
+    # GB/s on another host of the kind (cuda-attach-12readers-20261202),
+    # though 12 beat 8 in one in-process profile (cuda-profile-20261202).
+    auto_readers = 8
 
     def __init__(self, device: str):
         self.cu = cu = driver()
