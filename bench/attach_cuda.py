@@ -156,11 +156,11 @@ def fresh(script: str, *args: str) -> float:
     return float(r.stdout.split()[0])
 
 
-def fill_seconds(socket_dir: str) -> float:
+def fill_seconds(socket_dir: str, instance: str = "0") -> float:
     from wcached.client import DaemonConnection
     from wcached.device import resolve_instance
 
-    path = os.path.join(socket_dir, f"{resolve_instance('0').instance_id}.sock")
+    path = os.path.join(socket_dir, f"{resolve_instance(instance).instance_id}.sock")
     with DaemonConnection(path) as c:
         return c.status().models[0].fill_seconds
 

@@ -176,7 +176,7 @@ def test_a_fill_reads_runs_no_larger_than_its_backend_takes(tmp_path: Path) -> N
 
 
 def test_contiguous_copies_join_neighbours_in_segment_and_buffer() -> None:
-    from wcached.memory.cuda import contiguous_copies
+    from wcached.memory.base import contiguous_copies
 
     # Read back to back: 0..16, 16..32, 32..48, 48..48 (empty), 48..56.
     pieces = [(1024, 16), (1040, 16), (2048, 16), (9999, 0), (2064, 8)]

@@ -116,3 +116,54 @@ def test_write_run_scatters_one_read_and_reports_short_files(tmp_path) -> None:
     assert m[4352:4376] == data[1000:1024]
     m.close()
     os.close(fd)
+
+
+def _fill_from_file(tmp_path: Path, monkeypatch=None) -> tuple[bytes, bytes, int]:
+    """A segment filled from a file, one tensor and a run of two with a gap
+    between them in the segment; returns the file's bytes, the segment's and
+    the fds this process had open before minus after (the writer's own)."""
+    import xxhash
+
+    data = os.urandom(3 * 4096 + 100)
+    src = tmp_path / "src.bin"
+    src.write_bytes(data)
+    before = len(os.listdir("/proc/self/fd"))
+    fd_src = os.open(src, os.O_RDONLY)
+    w = HostBackend().allocate(4 * 4096 + 512, "t")
+    hashers = [xxhash.xxh3_128(), xxhash.xxh3_128(), xxhash.xxh3_128()]
+    assert w.write_from_file(fd_src, 0, 0, 4096, hashers[0]) == 4096
+    pieces = [(4096, 4096), (8192 + 256, len(data) - 8192)]
+    assert w.write_run(fd_src, 4096, pieces, hashers[1:]) == len(data) - 4096
+    fd = w.finish()
+    os.close(fd_src)
+    with mmap.mmap(fd, 4 * 4096 + 512, mmap.MAP_SHARED, mmap.PROT_READ) as m:
+        seg = bytes(m)
+    os.close(fd)
+    leaked = len(os.listdir("/proc/self/fd")) - before
+    assert hashers[0].hexdigest() == xxhash.xxh3_128(data[:4096]).hexdigest()
+    assert hashers[2].hexdigest() == xxhash.xxh3_128(data[8192:]).hexdigest()
+    return data, seg, leaked
+
+
+def test_a_segment_filled_from_a_file_holds_its_bytes_and_leaves_no_fd(tmp_path: Path) -> None:
+    data, seg, leaked = _fill_from_file(tmp_path)
+    assert seg[:8192] == data[:8192]
+    assert seg[8192:8448] == bytes(256)  # the gap stays zero
+    assert seg[8448 : 8448 + len(data) - 8192] == data[8192:]
+    assert leaked == 0
+
+
+def test_without_proc_a_segment_is_filled_through_its_mapping(tmp_path: Path, monkeypatch) -> None:
+    """Where /proc/self/fd cannot be opened (a sandbox without /proc), the
+    kernel-side copy is not available and the mapping is written instead."""
+    real_open = os.open
+
+    def no_proc(path, *a, **k):
+        if str(path).startswith("/proc/self/fd/"):
+            raise FileNotFoundError(path)
+        return real_open(path, *a, **k)
+
+    monkeypatch.setattr(os, "open", no_proc)
+    data, seg, leaked = _fill_from_file(tmp_path)
+    assert seg[:8192] == data[:8192] and seg[8448 : 8448 + len(data) - 8192] == data[8192:]
+    assert leaked == 0

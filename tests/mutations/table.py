@@ -1116,10 +1116,18 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "tensors apart in the segment copied as one",
-        "wcached/memory/cuda.py",
+        "wcached/memory/base.py",
         "if copies and copies[-1][0] + copies[-1][2] == offset:",
         "if copies:",
         ("tests/loaders/test_safetensors.py::test_contiguous_copies_join_neighbours_in_segment_and_buffer",),
         function="contiguous_copies",
+    ),
+    Mutation(
+        "a filling thread's own fd of the memfd left open",
+        "wcached/memory/host.py",
+        "    def finish(self) -> int:\n        self._close_send_fds()\n",
+        "    def finish(self) -> int:\n",
+        ("tests/memory/test_host.py::test_a_segment_filled_from_a_file_holds_its_bytes_and_leaves_no_fd",),
+        function="HostSegmentWriter.finish",
     ),
 )

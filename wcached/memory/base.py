@@ -47,6 +47,24 @@ def preadv_full(fd: int, views: list[memoryview], offset: int) -> int:
     return total
 
 
+def contiguous_copies(pieces: Sequence[tuple[int, int]]) -> list[tuple[int, int, int]]:
+    """``(offset, nbytes)`` places of tensors read back to back into one
+    buffer, as the fewest ``(destination, buffer position, nbytes)`` copies:
+    neighbours in the buffer (all are) that are neighbours in the segment
+    too are one copy."""
+    copies: list[tuple[int, int, int]] = []
+    pos = 0
+    for offset, nbytes in pieces:
+        if nbytes:
+            if copies and copies[-1][0] + copies[-1][2] == offset:
+                dst, src, n = copies[-1]
+                copies[-1] = (dst, src, n + nbytes)
+            else:
+                copies.append((offset, pos, nbytes))
+        pos += nbytes
+    return copies
+
+
 class SegmentWriter(abc.ABC):
     nbytes: int
 

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from wcached.errors import DeviceError, DeviceNotReady, OutOfMemory, ProtocolError
-from wcached.memory.base import Hasher, MemoryBackend, SegmentWriter, preadv_full
+from wcached.memory.base import Hasher, MemoryBackend, SegmentWriter, contiguous_copies, preadv_full
 
 if TYPE_CHECKING:
     import torch
@@ -204,24 +204,6 @@ class _Staging:
             cu.cuMemFreeHost(ptr)
         cu.cuStreamDestroy(self.stream)
         self.buffers = []
-
-
-def contiguous_copies(pieces: Sequence[tuple[int, int]]) -> list[tuple[int, int, int]]:
-    """``(offset, nbytes)`` places of tensors read back to back into one
-    buffer, as the fewest ``(destination, buffer position, nbytes)`` copies:
-    neighbours in the buffer (all are) that are neighbours in the segment
-    too are one copy."""
-    copies: list[tuple[int, int, int]] = []
-    pos = 0
-    for offset, nbytes in pieces:
-        if nbytes:
-            if copies and copies[-1][0] + copies[-1][2] == offset:
-                dst, src, n = copies[-1]
-                copies[-1] = (dst, src, n + nbytes)
-            else:
-                copies.append((offset, pos, nbytes))
-        pos += nbytes
-    return copies
 
 
 class CudaSegmentWriter(SegmentWriter):

@@ -1,7 +1,8 @@
 """Host-memory backend: memfd segments, sealed so every mapping is read-only.
 
-The loader fills a segment through a writable shared mapping, unmaps it, then
-adds F_SEAL_WRITE|F_SEAL_GROW|F_SEAL_SHRINK|F_SEAL_SEAL. From then on the kernel
+The loader fills a segment (bytes from a checkpoint are copied by the kernel,
+page cache to memfd; other bytes go through a writable shared mapping), unmaps
+it, then adds F_SEAL_WRITE|F_SEAL_GROW|F_SEAL_SHRINK|F_SEAL_SEAL. From then on the kernel
 refuses any writable shared mapping or write(2) of that memfd, for every
 process that receives the fd: an engine bug cannot corrupt the cache that the
 next engine attaches to.
@@ -13,12 +14,13 @@ import ctypes
 import fcntl
 import mmap
 import os
+import threading
 import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from wcached.errors import ProtocolError
-from wcached.memory.base import Hasher, MemoryBackend, SegmentWriter, preadv_full
+from wcached.memory.base import Hasher, MemoryBackend, SegmentWriter, contiguous_copies, preadv_full
 
 if TYPE_CHECKING:
     import torch
@@ -45,10 +47,51 @@ class HostSegmentWriter(SegmentWriter):
         # An exported pointer to the mapping, dropped before unmapping.
         self._anchor: ctypes.c_char | None = ctypes.c_char.from_buffer(self._map)
         self._base = ctypes.addressof(self._anchor)
+        # Each filling thread's own open file description of the memfd (its
+        # own file position, which sendfile writes at); -1 where none.
+        self._local = threading.local()
+        self._send_fds: list[int] = []
+        self._lock = threading.Lock()
+
+    def _send_fd(self) -> int:
+        fd = getattr(self._local, "fd", None)
+        if fd is None:
+            try:
+                fd = os.open(f"/proc/self/fd/{self.fd}", os.O_WRONLY | os.O_CLOEXEC)
+            except OSError:  # no /proc: the mapping does it all
+                fd = -1
+            self._local.fd = fd
+            if fd >= 0:
+                with self._lock:
+                    self._send_fds.append(fd)
+        return fd
+
+    def _send(self, src_fd: int, file_offset: int, offset: int, nbytes: int) -> int:
+        """Copy file bytes to ``offset`` inside the kernel; -1 if it cannot.
+        The memfd's write path allocates whole pages without zeroing them,
+        where a read into the mapping faults in a zeroed page at a time:
+        1.15-1.5x a fill without digests on a 2-core machine, the same with
+        them (bench/fill_host.py --paths, bench/results/host-fill-paths-20261202)."""
+        out = self._send_fd()
+        if out < 0:
+            return -1
+        os.lseek(out, offset, os.SEEK_SET)
+        done = 0
+        while done < nbytes:
+            got = os.sendfile(out, src_fd, file_offset + done, nbytes - done)
+            if got == 0:
+                break
+            done += got
+        return done
 
     def write_from_file(
         self, src_fd: int, file_offset: int, offset: int, nbytes: int, hasher: Hasher | None
     ) -> int:
+        done = self._send(src_fd, file_offset, offset, nbytes)
+        if done >= 0:
+            if hasher is not None:
+                hasher.update(self._view[offset : offset + done])
+            return done
         done = 0
         while done < nbytes:
             want = min(_CHUNK, nbytes - done)
@@ -68,6 +111,16 @@ class HostSegmentWriter(SegmentWriter):
         pieces: Sequence[tuple[int, int]],
         hashers: Sequence[Hasher | None],
     ) -> int:
+        if self._send_fd() >= 0:
+            got = 0
+            for dst, src, n in contiguous_copies(pieces):
+                if got < src:  # the file ended in an earlier copy
+                    break
+                got += self._send(src_fd, file_offset + src, dst, n)
+            for (o, n), hasher in zip(pieces, hashers, strict=True):
+                if hasher is not None:
+                    hasher.update(self._view[o : o + n])
+            return got
         # One scattered read straight into the tensors' places.
         views = [self._view[o : o + n] for o, n in pieces]
         got = preadv_full(src_fd, views, file_offset)
@@ -86,7 +139,14 @@ class HostSegmentWriter(SegmentWriter):
         if hasher is not None:
             hasher.update(self._view[offset : offset + nbytes])
 
+    def _close_send_fds(self) -> None:
+        with self._lock:
+            fds, self._send_fds = self._send_fds, []
+        for fd in fds:
+            os.close(fd)
+
     def finish(self) -> int:
+        self._close_send_fds()
         self._anchor = None
         self._view.release()
         self._map.close()  # a writable mapping would make F_SEAL_WRITE fail
@@ -94,6 +154,7 @@ class HostSegmentWriter(SegmentWriter):
         return self.fd
 
     def abort(self) -> None:
+        self._close_send_fds()
         try:
             self._anchor = None
             self._view.release()
