@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import DATA, LLAMA8B, REPO, summary, write_result
+from common import DATA, LLAMA8B, REPO, copy_to_out, summary, write_result
 
 from tests.helpers import run_daemon, write_config
 from wcached.cli.demo import llama_shapes
@@ -299,10 +299,7 @@ def main() -> None:
     path = write_result("cuda-attach", {"results": results, "read_threads": args.read_threads}, text)
     print(text)
     print("written", path)
-    out = os.environ.get("OUT")
-    if out:
-        for suffix in (".json", ".md"):
-            Path(out, path.name + suffix).write_text(path.with_suffix(suffix).read_text())
+    copy_to_out(path)
 
 
 if __name__ == "__main__":

@@ -94,6 +94,15 @@ def write_result(name: str, result: dict, table: str) -> Path:
     return base
 
 
+def copy_to_out(base: Path) -> None:
+    """A result's .json and .md also under $OUT, where the device machine
+    sends files back from."""
+    out = os.environ.get("OUT")
+    if out:
+        for suffix in (".json", ".md"):
+            Path(out, base.name + suffix).write_text(base.with_suffix(suffix).read_text())
+
+
 def drop_page_cache(model: Path) -> None:
     """Every file of ``model`` out of the page cache (no root needed)."""
     for f in model.iterdir():

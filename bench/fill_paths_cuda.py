@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from attach_cuda import drop_caches, generate, raw_read
-from common import DATA, LLAMA8B, write_result
+from common import DATA, LLAMA8B, copy_to_out, write_result
 
 from wcached.cli.demo import llama_shapes
 
@@ -411,10 +411,7 @@ def finish(res, gb, files) -> None:
     text = "\n".join(rows) + f"\n\n{gb:.2f} GB in {len(files)} files (bench/data/llama8b).\n"
     path = write_result("cuda-fill-paths", {"results": res}, text)
     print(text)
-    out = os.environ.get("OUT")
-    if out:
-        for suffix in (".json", ".md"):
-            Path(out, path.name + suffix).write_text(path.with_suffix(suffix).read_text())
+    copy_to_out(path)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from attach_cuda import generate, many_shapes
-from common import DATA, LLAMA8B, REPO, write_result
+from common import DATA, LLAMA8B, REPO, copy_to_out, write_result
 
 from tests.helpers import run_daemon, write_config
 from wcached.cli.demo import llama_shapes
@@ -192,10 +192,7 @@ def main() -> None:
         texts.append(f"## attach {name}\n\n```\n{text}\n```\n")
         print(text, flush=True)
     path = write_result("cuda-profile", {"results": res}, "\n".join(texts))
-    out = os.environ.get("OUT")
-    if out:
-        for suffix in (".json", ".md"):
-            Path(out, path.name + suffix).write_text(path.with_suffix(suffix).read_text())
+    copy_to_out(path)
 
 
 if __name__ == "__main__":
