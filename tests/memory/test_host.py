@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import errno
 import fcntl
 import mmap
 import os
@@ -167,3 +168,48 @@ def test_without_proc_a_segment_is_filled_through_its_mapping(tmp_path: Path, mo
     data, seg, leaked = _fill_from_file(tmp_path)
     assert seg[:8192] == data[:8192] and seg[8448 : 8448 + len(data) - 8192] == data[8192:]
     assert leaked == 0
+
+
+def _sendfile_that_gives_up(monkeypatch, err: int, after: int) -> list[int]:
+    """os.sendfile copying at most ``after`` bytes in all, then failing with
+    ``err`` on every call, as a filesystem that cannot splice answers; returns
+    the list its calls are counted in."""
+    real = os.sendfile
+    calls: list[int] = []
+    budget = [after]
+
+    def sendfile(out, src, offset, count):
+        calls.append(count)
+        if budget[0] <= 0:
+            raise OSError(err, os.strerror(err))
+        got = real(out, src, offset, min(count, budget[0]))
+        budget[0] -= got
+        return got
+
+    monkeypatch.setattr(os, "sendfile", sendfile)
+    return calls
+
+
+# Refused inside the single tensor, inside the run's first copy, inside its second.
+@pytest.mark.parametrize("after", [1000, 4096 + 1000, 2 * 4096 + 100])
+def test_a_filesystem_that_cannot_splice_is_filled_through_the_mapping(
+    tmp_path: Path, monkeypatch, after: int
+) -> None:
+    """sendfile refused part way (EINVAL, as some FUSE mounts answer) costs
+    nothing: the bytes it did not copy go through the mapping, and every
+    digest is of the bytes in the segment."""
+    calls = _sendfile_that_gives_up(monkeypatch, errno.EINVAL, after=after)
+    data, seg, leaked = _fill_from_file(tmp_path)
+    assert calls, "the kernel copy was not tried"
+    assert seg[:8192] == data[:8192]
+    assert seg[8448 : 8448 + len(data) - 8192] == data[8192:]
+    assert leaked == 0
+
+
+def test_a_read_error_during_a_kernel_copy_is_the_fills_error(tmp_path: Path, monkeypatch) -> None:
+    """EIO is the checkpoint's own failure, not the kernel's lack of splice:
+    it is raised, not hidden behind a second read."""
+    _sendfile_that_gives_up(monkeypatch, errno.EIO, after=0)
+    with pytest.raises(OSError) as e:
+        _fill_from_file(tmp_path)
+    assert e.value.errno == errno.EIO

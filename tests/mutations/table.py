@@ -1130,4 +1130,28 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/memory/test_host.py::test_a_segment_filled_from_a_file_holds_its_bytes_and_leaves_no_fd",),
         function="HostSegmentWriter.finish",
     ),
+    Mutation(
+        "a filesystem that cannot splice fails the fill",
+        "wcached/memory/host.py",
+        "                if e.errno not in _SENDFILE_UNSUPPORTED:\n                    raise\n",
+        "                raise\n",
+        ("tests/memory/test_host.py::test_a_filesystem_that_cannot_splice_is_filled_through_the_mapping",),
+        function="HostSegmentWriter._send",
+    ),
+    Mutation(
+        "a read error during a kernel copy is swallowed",
+        "wcached/memory/host.py",
+        "                if e.errno not in _SENDFILE_UNSUPPORTED:\n                    raise\n",
+        "",
+        ("tests/memory/test_host.py::test_a_read_error_during_a_kernel_copy_is_the_fills_error",),
+        function="HostSegmentWriter._send",
+    ),
+    Mutation(
+        "a run the kernel gave up on part way is not copied again",
+        "wcached/memory/host.py",
+        "            if not unsupported:\n                for (o, n), hasher",
+        "            if True:\n                for (o, n), hasher",
+        ("tests/memory/test_host.py::test_a_filesystem_that_cannot_splice_is_filled_through_the_mapping",),
+        function="HostSegmentWriter.write_run",
+    ),
 )

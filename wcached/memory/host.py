@@ -11,6 +11,7 @@ next engine attaches to.
 from __future__ import annotations
 
 import ctypes
+import errno
 import fcntl
 import mmap
 import os
@@ -31,6 +32,10 @@ REQUIRED_SEALS = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK
 # preadv chunk: large enough for full-speed reads, small enough that progress
 # and digests interleave with copies.
 _CHUNK = 64 << 20
+# What sendfile(2) answers when the source or the memfd cannot be spliced
+# (some FUSE and network filesystems): the copy goes through the mapping
+# instead. Any other error (EIO, ...) is the file's own and is raised.
+_SENDFILE_UNSUPPORTED = frozenset({errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EXDEV})
 
 
 class HostSegmentWriter(SegmentWriter):
@@ -52,8 +57,13 @@ class HostSegmentWriter(SegmentWriter):
         self._local = threading.local()
         self._send_fds: list[int] = []
         self._lock = threading.Lock()
+        # Cleared once sendfile says it cannot copy from this checkpoint's
+        # filesystem: the rest of the segment goes through the mapping.
+        self._sendfile_works = True
 
     def _send_fd(self) -> int:
+        if not self._sendfile_works:
+            return -1
         fd = getattr(self._local, "fd", None)
         if fd is None:
             try:
@@ -66,33 +76,40 @@ class HostSegmentWriter(SegmentWriter):
                     self._send_fds.append(fd)
         return fd
 
-    def _send(self, src_fd: int, file_offset: int, offset: int, nbytes: int) -> int:
-        """Copy file bytes to ``offset`` inside the kernel; -1 if it cannot.
+    def _send(self, src_fd: int, file_offset: int, offset: int, nbytes: int) -> tuple[int, bool]:
+        """Copy file bytes to ``offset`` inside the kernel: how many it
+        copied, and whether it stopped because the kernel cannot (the caller
+        copies the rest through the mapping) rather than at the file's end.
         The memfd's write path allocates whole pages without zeroing them,
         where a read into the mapping faults in a zeroed page at a time:
         1.15-1.5x a fill without digests on a 2-core machine, the same with
         them (bench/fill_host.py --paths, bench/results/host-fill-paths-20261202)."""
         out = self._send_fd()
         if out < 0:
-            return -1
+            return 0, True
         os.lseek(out, offset, os.SEEK_SET)
         done = 0
         while done < nbytes:
-            got = os.sendfile(out, src_fd, file_offset + done, nbytes - done)
+            try:
+                got = os.sendfile(out, src_fd, file_offset + done, nbytes - done)
+            except OSError as e:
+                if e.errno not in _SENDFILE_UNSUPPORTED:
+                    raise
+                self._sendfile_works = False
+                return done, True
             if got == 0:
                 break
             done += got
-        return done
+        return done, False
 
     def write_from_file(
         self, src_fd: int, file_offset: int, offset: int, nbytes: int, hasher: Hasher | None
     ) -> int:
-        done = self._send(src_fd, file_offset, offset, nbytes)
-        if done >= 0:
-            if hasher is not None:
-                hasher.update(self._view[offset : offset + done])
+        done, unsupported = self._send(src_fd, file_offset, offset, nbytes)
+        if hasher is not None and done:
+            hasher.update(self._view[offset : offset + done])
+        if not unsupported:
             return done
-        done = 0
         while done < nbytes:
             want = min(_CHUNK, nbytes - done)
             dst = self._view[offset + done : offset + done + want]
@@ -113,15 +130,21 @@ class HostSegmentWriter(SegmentWriter):
     ) -> int:
         if self._send_fd() >= 0:
             got = 0
+            unsupported = False
             for dst, src, n in contiguous_copies(pieces):
                 if got < src:  # the file ended in an earlier copy
                     break
-                got += self._send(src_fd, file_offset + src, dst, n)
-            for (o, n), hasher in zip(pieces, hashers, strict=True):
-                if hasher is not None:
-                    hasher.update(self._view[o : o + n])
-            return got
-        # One scattered read straight into the tensors' places.
+                sent, unsupported = self._send(src_fd, file_offset + src, dst, n)
+                got += sent
+                if unsupported:
+                    break
+            if not unsupported:
+                for (o, n), hasher in zip(pieces, hashers, strict=True):
+                    if hasher is not None:
+                        hasher.update(self._view[o : o + n])
+                return got
+        # One scattered read straight into the tensors' places (the whole run
+        # again where the kernel gave up part way: the same bytes land twice).
         views = [self._view[o : o + n] for o, n in pieces]
         got = preadv_full(src_fd, views, file_offset)
         for view, hasher in zip(views, hashers, strict=True):
