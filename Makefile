@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 # The CPU build; on these machines pip takes it from a local wheel.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: test-user run test mutate test-gpu lint format bench bench-gpu bench-vllm clean venv deb vllm-venv docs install
+.PHONY: test-user run test mutate mutation-score test-gpu lint format bench bench-gpu bench-vllm clean venv deb vllm-venv docs install
 
 venv: $(VENV)/.installed
 
@@ -70,6 +70,13 @@ test: venv vllm-venv
 # Each safety line broken in turn (tests/mutations/table.py): its tests must fail.
 mutate: venv
 	$(PY) -m tests.mutations.run
+
+# Every mutant mutmut makes of the safety modules, run against the tests that
+# reach its function (tests/mutations/score.py); ARGS='--changed MODULE' runs
+# a change's own functions. Writes tests/mutations/report.json, which
+# tests/mutations/test_ratchet.py (in make test) holds to the tree.
+mutation-score: venv
+	$(PY) -m tests.mutations.score $(ARGS)
 
 test-gpu: venv
 	$(PY) -m pytest -q -m gpu

@@ -361,6 +361,9 @@ def open_tmpdir() -> Path:
     return path
 
 
+_PASSED_TO_OTHER_USERS = ("MUTANT_UNDER_TEST", "COVERAGE_PROCESS_START", "PYTEST_CURRENT_TEST")
+
+
 def run_as(
     user: str, argv: list[str], timeout: float = 120, extra_groups: list[int] | None = None
 ) -> subprocess.CompletedProcess:
@@ -373,6 +376,9 @@ def run_as(
     # wcached from this tree (where it is not installed into the interpreter),
     # then what the GPU machine carries this way.
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    # The mutation score's switches (tests/mutations/score.py): the mutant
+    # under test and coverage's start follow the code into the other user.
+    env.update({k: os.environ[k] for k in _PASSED_TO_OTHER_USERS if k in os.environ})
     return subprocess.run(
         argv,
         user=pw.pw_uid,
