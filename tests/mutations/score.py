@@ -117,15 +117,19 @@ def qualname_of(mutant: str) -> str:
 
 
 def function_lines(source: str) -> dict[str, tuple[int, int]]:
-    """qualname -> (first line, last line) of every function and method."""
+    """qualname -> (first line, last line) of every function's and method's
+    body: what runs when it is called. Its decorators and ``def`` line run
+    when the module is imported, by every test that imports it."""
     spans: dict[str, tuple[int, int]] = {}
     tree = ast.parse(source)
 
     def visit(node: ast.AST, prefix: str) -> None:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                first = min([child.lineno, *(d.lineno for d in child.decorator_list)])
-                spans[prefix + child.name] = (first, child.end_lineno or child.lineno)
+                body = child.body
+                if len(body) > 1 and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                    body = body[1:]  # the docstring
+                spans[prefix + child.name] = (body[0].lineno, child.end_lineno or child.lineno)
             elif isinstance(child, ast.ClassDef):
                 visit(child, f"{prefix}{child.name}.")
 
