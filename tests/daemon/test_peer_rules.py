@@ -1,0 +1,120 @@
+"""The peer check's rules without a daemon: what SO_PEERCRED and
+SO_PEERGROUPS say of a connection, the /proc fallback of kernels without
+SO_PEERGROUPS, and who the config's names allow (tests/daemon/test_peers.py
+shows the same rules through a real daemon and clients of other users)."""
+
+from __future__ import annotations
+
+import array
+import errno
+import os
+import socket
+import subprocess
+
+import pytest
+
+from wcached.daemon import peers
+from wcached.daemon.peers import AccessPolicy, PeerCredentials
+from wcached.errors import ConfigError
+
+
+class _GroupsSocket:
+    """A connection whose SO_PEERGROUPS holds ``groups``: too small a buffer
+    gets ERANGE, as Linux answers; ``error`` instead fails every call."""
+
+    def __init__(self, groups: list[int], error: int = 0):
+        self.groups = groups
+        self.error = error
+        self.sizes: list[int] = []
+
+    def getsockopt(self, level: int, option: int, size: int) -> bytes:
+        assert (level, option) == (socket.SOL_SOCKET, peers.SO_PEERGROUPS)
+        assert isinstance(size, int) and size > 0, size
+        self.sizes.append(size)
+        assert len(self.sizes) < 20, "the buffer never grows"
+        if self.error:
+            raise OSError(self.error, os.strerror(self.error))
+        if size < 4 * len(self.groups):
+            raise OSError(errno.ERANGE, os.strerror(errno.ERANGE))
+        return array.array("I", self.groups).tobytes()
+
+
+def test_a_socket_peer_is_this_process_with_its_groups() -> None:
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    with a, b:
+        peer = PeerCredentials.of(a)
+    assert (peer.pid, peer.uid, peer.gid) == (os.getpid(), os.getuid(), os.getgid())
+    assert peer.groups == frozenset(os.getgroups())
+
+
+def test_many_groups_grow_the_buffer_until_they_fit() -> None:
+    groups = list(range(1000, 1000 + 300))  # more than the first buffer holds
+    conn = _GroupsSocket(groups)
+    assert peers._peer_groups(conn, pid=0) == groups
+    assert conn.sizes[0] < 4 * len(groups) <= conn.sizes[-1]
+
+
+def test_the_kernels_most_groups_fit() -> None:
+    groups = list(range(peers._MAX_GROUPS))  # NGROUPS_MAX on Linux
+    assert peers._peer_groups(_GroupsSocket(groups), pid=0) == groups
+
+
+def test_group_ids_past_two_to_the_31_stay_unsigned() -> None:
+    assert peers._peer_groups(_GroupsSocket([3_000_000_000]), pid=0) == [3_000_000_000]
+
+
+@pytest.fixture
+def other_groups_process():
+    """A process whose supplementary groups are not ours (needs root)."""
+    if os.getuid() != 0:
+        pytest.skip("needs root to give a process other groups")
+    p = subprocess.Popen(["sleep", "30"], extra_groups=[4242, 4343])
+    yield p.pid
+    p.kill()
+    p.wait()
+
+
+@pytest.mark.parametrize("error", [errno.ENOPROTOOPT, errno.EINVAL])
+def test_without_so_peergroups_the_groups_come_from_proc(other_groups_process: int, error: int) -> None:
+    """Kernels before 4.13 answer SO_PEERGROUPS with an error: the peer's
+    current groups are read from /proc/<pid>/status instead."""
+    got = peers._peer_groups(_GroupsSocket([1, 2], error=error), other_groups_process)
+    assert sorted(got) == [4242, 4343]
+
+
+def test_a_peer_gone_from_proc_has_no_groups() -> None:
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    assert peers._peer_groups(_GroupsSocket([], error=errno.ENOPROTOOPT), dead.pid) == []
+
+
+def test_unknown_names_are_config_errors_naming_file_key_and_name() -> None:
+    with pytest.raises(ConfigError) as e:
+        AccessPolicy.from_names(("root", "no-such-user-here"), (), "/etc/wcache/x.toml", "daemon.")
+    assert (e.value.path, e.value.key) == ("/etc/wcache/x.toml", "daemon.allowed_users[1]")
+    assert "no such user 'no-such-user-here'" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        AccessPolicy.from_names((), ("root", "no-such-group-here"), "/etc/wcache/x.toml", "daemon.")
+    assert (e.value.path, e.value.key) == ("/etc/wcache/x.toml", "daemon.allowed_groups[1]")
+    assert "no such group 'no-such-group-here'" in str(e.value)
+
+
+def test_numeric_ids_need_no_passwd_entry() -> None:
+    """A uid or gid given as a number is taken as it is (a container's users
+    are often not in the host's passwd)."""
+    policy = AccessPolicy.from_names(("123457",), ("123458",), "x.toml", "daemon.")
+    assert policy.uids == {123457} and policy.gids == {123458}
+    assert policy.own_uid == os.getuid()
+
+
+def _peer(uid: int, gid: int = 99999, groups: tuple[int, ...] = ()) -> PeerCredentials:
+    return PeerCredentials(pid=1, uid=uid, gid=gid, groups=frozenset(groups))
+
+
+def test_root_and_the_daemons_own_user_attach_and_administer_others_do_not() -> None:
+    policy = AccessPolicy(own_uid=999, uids=frozenset({1001}), gids=frozenset({2002}))
+    for uid in (0, 999):
+        assert policy.allows(_peer(uid)) and policy.may_administer(_peer(uid))
+    assert policy.allows(_peer(1001)) and not policy.may_administer(_peer(1001))
+    assert policy.allows(_peer(1, gid=2002)) and policy.allows(_peer(1, groups=(7, 2002)))
+    assert not policy.allows(_peer(1)) and not policy.may_administer(_peer(1))
