@@ -30,6 +30,7 @@ import difflib
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -127,8 +128,9 @@ def function_lines(source: str) -> dict[str, tuple[int, int]]:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 body = child.body
-                if len(body) > 1 and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
-                    body = body[1:]  # the docstring
+                docstring = isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                if docstring and len(body) > 1:
+                    body = body[1:]
                 spans[prefix + child.name] = (body[0].lineno, child.end_lineno or child.lineno)
             elif isinstance(child, ast.ClassDef):
                 visit(child, f"{prefix}{child.name}.")
@@ -160,14 +162,27 @@ def make_mutants(tree: Path, modules: list[str]) -> tuple[dict[str, list[Mutant]
             )
             for name in mutated.mutant_names
         ]
+        # The same change on two lines alike (two ``break``) is told apart by
+        # its order in the function.
+        seen: dict[tuple[str, str], int] = {}
+        for m in mutants[module]:
+            n = seen[(m.function, m.diff)] = seen.get((m.function, m.diff), 0) + 1
+            if n > 1:
+                m.diff += f"\n# the same change, occurrence {n}"
         hashes[module] = {qualname_of(k + "__mutmut_0"): v for k, v in mutated.hash_by_function_name.items()}
     return mutants, hashes
 
 
+def _unnamed(line: str) -> str:
+    """A generated ``def x_f__mutmut_3(`` line as ``def f(``, so that only a
+    mutated default argument makes it differ."""
+    return re.sub(r"def x(?:ǁ\w+ǁ|_)(\w+?)__mutmut_\w+\(", r"def \1(", line)
+
+
 def _changed_lines(orig: list[str], mutant: list[str]) -> str:
-    """The lines a mutant changes, ``-old`` then ``+new`` (the def line, whose
-    name differs, left out): stable while the function's other lines move."""
-    orig, mutant = ([line for line in f if "__mutmut_" not in line] for f in (orig, mutant))
+    """The lines a mutant changes, ``-old`` then ``+new``: stable while the
+    function's other lines move."""
+    orig, mutant = ([_unnamed(line) for line in f] for f in (orig, mutant))
     diff = difflib.unified_diff(orig, mutant, lineterm="", n=0)
     return "\n".join(line.rstrip() for line in diff if line[:1] in "+-" and line[:3] not in ("---", "+++"))
 
