@@ -48,7 +48,7 @@ REPORT = REPO / "tests/mutations/report.json"
 _IN_VLLM = "runs in the vLLM virtualenvs, where mutmut's trampolines are not importable"
 SAFETY_MODULES: dict[str, str] = {
     "wcached/protocol/wire.py": "",
-    "wcached/protocol/messages.py": "",
+    "wcached/protocol/messages.py": "declarations only (msgspec structs): mutmut makes no mutant of them",
     "wcached/daemon/peers.py": "",
     "wcached/daemon/socket_dir.py": "",
     "wcached/daemon/lock.py": "",
