@@ -18,7 +18,16 @@ from tests.helpers import one_model_config, run_daemon, start_daemon
 from wcached.client import attach
 from wcached.errors import EX_CONFIG
 
-CASES = ["symlink", "dangling-symlink", "writable-by-another-group", "world-writable", "foreign-owner"]
+# case -> the reason the daemon gives (the operator reads it in the journal).
+CASES = {
+    "symlink": "is not a directory (a symlink or a file)",
+    "dangling-symlink": "is not a directory (a symlink or a file)",
+    "a-file": "is not a directory (a symlink or a file)",
+    "writable-by-another-group": "is writable by others than",
+    "world-writable": "is writable by others than",
+    "foreign-owner": "belongs to nobody, not to the daemon's user",
+    "owner-cannot-write": "is not writable by its owner",
+}
 
 
 def _other_group() -> int:
@@ -37,12 +46,17 @@ def plant(case: str, run: Path) -> Path:
     if case == "dangling-symlink":
         run.symlink_to(run.parent / "nowhere")
         return run.parent / "nowhere"
+    if case == "a-file":
+        run.write_text("")
+        return run.parent / "nowhere"
     run.mkdir()
     if case == "writable-by-another-group":
         os.chown(run, -1, _other_group())
         run.chmod(0o770)
     elif case == "world-writable":
         run.chmod(0o757)  # by everyone but its group: the rule, not a group check, refuses it
+    elif case == "owner-cannot-write":
+        run.chmod(0o550)  # root could still write in it: the rule, not EACCES, refuses it
     else:
         if os.geteuid() != 0:
             pytest.skip("needs root to give the directory away")
@@ -65,6 +79,7 @@ def test_an_untrusted_socket_directory_stops_the_daemon_and_its_fix_lets_it_star
     assert d.wait_exit(30) == EX_CONFIG, d.log()
     log = d.log()
     assert "daemon.socket_dir" in log and f"{run} " in log and str(cfg) in log, log
+    assert CASES[case] in log, log
     assert "loader worker" not in log and "Traceback" not in log, log
     assert not lands.exists() or not list(lands.iterdir()), "the daemon put files in it"
     d.notify.close()
@@ -75,3 +90,21 @@ def test_an_untrusted_socket_directory_stops_the_daemon_and_its_fix_lets_it_star
         attach("default", "cpu0", socket_dir=str(run), timeout=10, keep_lease=False) as a,
     ):
         assert not os.path.islink(run) and "embed.weight" in a.tensors
+
+
+def test_root_checks_the_directory_for_the_packages_daemon_user(monkeypatch) -> None:
+    """Root runs the checks of a packaged host (doctor, check-config): the
+    directory must then be the package's daemon user's, not root's; any
+    other user checks for itself."""
+    from wcached import defaults
+    from wcached.daemon import socket_dir
+
+    if os.geteuid() != 0:
+        assert socket_dir.daemon_uid() == os.geteuid()
+        return
+    monkeypatch.setattr(defaults, "DAEMON_USER", "nobody")
+    assert socket_dir.daemon_uid() == pwd.getpwnam("nobody").pw_uid
+    monkeypatch.setattr(defaults, "DAEMON_USER", "no-such-user-here")
+    assert socket_dir.daemon_uid() == 0
+    monkeypatch.setattr(os, "geteuid", lambda: 4321)
+    assert socket_dir.daemon_uid() == 4321

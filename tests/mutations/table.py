@@ -948,8 +948,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "dangling socket dir link crashes",
         "wcached/daemon/service.py",
-        "    if not os.path.isdir(path) and not os.path.islink(path):",
-        "    if not os.path.isdir(path):",
+        "    if not os.path.lexists(path):",
+        "    if not os.path.exists(path):",
         (
             "tests/daemon/test_socket_dir.py::test_an_untrusted_socket_directory_stops_the_daemon_and_its_fix_lets_it_start",
         ),
@@ -1153,5 +1153,15 @@ MUTATIONS: tuple[Mutation, ...] = (
         "            if True:\n                for (o, n), hasher",
         ("tests/memory/test_host.py::test_a_filesystem_that_cannot_splice_is_filled_through_the_mapping",),
         function="HostSegmentWriter.write_run",
+    ),
+    Mutation(
+        "a file where the socket directory should be crashes the start",
+        "wcached/daemon/service.py",
+        "    if not os.path.lexists(path):\n",
+        "    if not os.path.isdir(path) and not os.path.islink(path):\n",
+        (
+            "tests/daemon/test_socket_dir.py::test_an_untrusted_socket_directory_stops_the_daemon_and_its_fix_lets_it_start",
+        ),
+        function="prepare_socket_dir",
     ),
 )

@@ -292,7 +292,9 @@ def _drain(fd: int) -> None:
 def prepare_socket_dir(path: str, source: str = "") -> None:
     """Create the socket directory 0750 if missing; refuse one that another
     user could plant a socket or a lock in (see :func:`check_socket_dir`)."""
-    if not os.path.isdir(path) and not os.path.islink(path):  # a dangling link is refused below
+    # Only where nothing is: a file or a link (even dangling) is refused
+    # below with its fix, not made a directory of or crashed on.
+    if not os.path.lexists(path):
         os.makedirs(path, mode=0o750, exist_ok=True)
         os.chmod(path, 0o750)
     check_socket_dir(path, source)
