@@ -77,7 +77,7 @@ def group_name(gid: int) -> str:
         return str(gid)
 
 
-def left_by_another_user(path: str, owner_uid: int, holder: str = "a daemon") -> str:
+def left_by_another_user(path: str, owner_uid: int, holder: str) -> str:
     """What to tell about a lock or socket of another user: whose it is and
     the command that clears it."""
     owner = user_name(owner_uid)
