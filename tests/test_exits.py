@@ -145,3 +145,28 @@ def test_a_permanent_failure_is_one_the_unit_does_not_retry(monkeypatch, error: 
     assert not _unit_retries(status), (
         f"{type(error).__name__} exits {status}, which the unit retries in a loop"
     )
+
+
+def test_a_status_with_several_causes_gets_each_fix_and_an_unknown_one_the_journal() -> None:
+    fixes = exits.fix(69, "wcached@0.service").split("; or ")
+    assert len(fixes) == 3 and fixes[0].startswith("findmnt") and fixes[1].startswith("nvidia-smi")
+    assert "systemctl restart wcached@0.service" in fixes[2]
+    assert exits.fix(0, "wcached@0.service") == "journalctl -u wcached@0.service -e"  # stopped
+    assert exits.fix(143, "wcached@0.service") == "journalctl -u wcached@0.service -e"
+
+
+def test_errors_from_the_wire_keep_their_message_and_an_unknown_code_is_a_plain_error() -> None:
+    err = errors.error_for_code("config", "/etc/wcache/wcached.toml: key 'x': bad")
+    assert type(err) is errors.ConfigError and str(err) == "<config>: /etc/wcache/wcached.toml: key 'x': bad"
+    assert (err.path, err.key) == (None, None)
+    err = errors.error_for_code("a-code-of-a-later-release", "what it said")
+    assert type(err) is errors.WcacheError and str(err) == "what it said"
+
+
+def test_a_config_error_names_file_and_key_as_given() -> None:
+    from pathlib import Path
+
+    err = errors.ConfigError(Path("/etc/wcache/wcached.toml"), "daemon.socket_dir", "too long")
+    assert err.path == "/etc/wcache/wcached.toml" and isinstance(err.path, str)
+    assert str(err) == "/etc/wcache/wcached.toml: key 'daemon.socket_dir': too long"
+    assert str(errors.ConfigError(None, "", "no file")) == "<config>: no file"
