@@ -213,3 +213,74 @@ def test_a_read_error_during_a_kernel_copy_is_the_fills_error(tmp_path: Path, mo
     with pytest.raises(OSError) as e:
         _fill_from_file(tmp_path)
     assert e.value.errno == errno.EIO
+
+
+@pytest.fixture(params=["kernel copy", "mapping"])
+def copy_path(request, monkeypatch) -> str:
+    """Each test below once through sendfile, once through the mapping (no /proc)."""
+    if request.param == "mapping":
+        real_open = os.open
+
+        def no_proc(path, *a, **k):
+            if str(path).startswith("/proc/self/fd/"):
+                raise FileNotFoundError(path)
+            return real_open(path, *a, **k)
+
+        monkeypatch.setattr(os, "open", no_proc)
+    return request.param
+
+
+def test_a_file_that_ends_early_gives_what_it_had(tmp_path: Path, copy_path: str) -> None:
+    """A checkpoint shorter than its header says: the copy reports the bytes
+    it got (the loader names the file and tensor), it never loops or raises."""
+    data = os.urandom(5000)
+    src = tmp_path / "short.bin"
+    src.write_bytes(data)
+    w = HostBackend().allocate(3 * 4096, "t")
+    with open(src, "rb") as f:
+        assert w.write_from_file(f.fileno(), 4000, 0, 4096, None) == 1000
+        # A run whose file ends inside its first copy: the second is not made.
+        assert w.write_run(f.fileno(), 4500, [(4096, 1000), (8192, 100)], [None, None]) == 500
+    fd = w.finish()
+    with mmap.mmap(fd, 3 * 4096, mmap.MAP_SHARED, mmap.PROT_READ) as m:
+        assert m[:1000] == data[4000:] and m[4096 : 4096 + 500] == data[4500:]
+        assert m[8192 : 8192 + 100] == bytes(100)
+    os.close(fd)
+
+
+def test_a_kernel_copy_in_short_steps_is_carried_on_to_the_end(tmp_path: Path, monkeypatch) -> None:
+    """sendfile may copy less than asked (signals, some filesystems): the
+    rest follows from where it stopped."""
+    real = os.sendfile
+    monkeypatch.setattr(os, "sendfile", lambda out, src, off, n: real(out, src, off, min(n, 1000)))
+    data, seg, _ = _fill_from_file(tmp_path)
+    assert seg[:8192] == data[:8192] and seg[8448 : 8448 + len(data) - 8192] == data[8192:]
+
+
+def test_bytes_from_memory_are_copied_and_hashed(tmp_path: Path) -> None:
+    """copy_from_pointer: what the vLLM loader uses for tensors it built."""
+    import ctypes
+
+    import xxhash
+
+    data = os.urandom(3000)
+    buf = ctypes.create_string_buffer(data, len(data))
+    w = HostBackend().allocate(4096, "t")
+    h = xxhash.xxh3_128()
+    w.copy_from_pointer(100, ctypes.addressof(buf), len(data), h)
+    assert h.hexdigest() == xxhash.xxh3_128(data).hexdigest()
+    fd = w.finish()
+    with mmap.mmap(fd, 4096, mmap.MAP_SHARED, mmap.PROT_READ) as m:
+        assert m[100:3100] == data
+    os.close(fd)
+
+
+def test_a_segment_that_cannot_be_mapped_leaves_no_fd(monkeypatch) -> None:
+    def no_memory(*a, **k):
+        raise OSError(errno.ENOMEM, "Cannot allocate memory")
+
+    before = len(os.listdir("/proc/self/fd"))
+    monkeypatch.setattr(mmap, "mmap", no_memory)
+    with pytest.raises(OSError):
+        HostBackend().allocate(4096, "t")
+    assert len(os.listdir("/proc/self/fd")) == before
