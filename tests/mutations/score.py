@@ -273,6 +273,8 @@ def run_mutant(tree: Path, mutant: Mutant, basetemp: Path, timeout: float, stop_
         return "survived"
     if r.returncode in (1, 3):  # tests failed, or an error inside a test run
         return "killed"
+    if r.returncode < 0:  # pytest itself killed (the kernel's OOM killer): the mutant broke it
+        return "killed"
     return f"error {r.returncode}: {(r.stdout + r.stderr)[-300:]}"
 
 
