@@ -86,13 +86,25 @@ def test_healthy_until_half_an_interval_plus_a_whole_one_without_an_answer(
     assert not probe.healthy()
 
 
-def test_a_failing_socket_is_logged_once_per_streak(clock: _Clock, tmp_path: Path, caplog) -> None:
-    probe = ServingProbe(str(tmp_path / "absent.sock"), ping_interval_s=2.0)
-    with caplog.at_level(logging.INFO, logger="wcached.liveness"):
+def test_a_failing_socket_is_logged_once_per_streak(clock: _Clock, tmp_path: Path) -> None:
+    # A handler of its own: caplog sees nothing once the daemon's logging set
+    # up in an earlier test stopped "wcached" propagating to the root logger.
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = records.append
+    logger = logging.getLogger("wcached.liveness")
+    logger.addHandler(handler)
+    old_level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        probe = ServingProbe(str(tmp_path / "absent.sock"), ping_interval_s=2.0)
         for _ in range(3):
             clock.now += 1.0
             probe.healthy()
             _wait_probes()
-    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
-    assert len(errors) == 1 and "does not answer" in errors[0].getMessage(), caplog.text
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+    errors = [r for r in records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and "does not answer" in errors[0].getMessage(), records
     assert "absent.sock" in errors[0].getMessage()

@@ -82,6 +82,8 @@ def test_an_untrusted_socket_directory_stops_the_daemon_and_its_fix_lets_it_star
     assert CASES[case] in log, log
     assert "loader worker" not in log and "Traceback" not in log, log
     assert not lands.exists() or not list(lands.iterdir()), "the daemon put files in it"
+    if case == "a-file":
+        assert run.is_file() and not run.is_symlink(), "the file was replaced before the fix"
     d.notify.close()
     (fix,) = re.findall(r"fix with: (.*)$", log, re.M)
     subprocess.run(fix, shell=True, check=True)

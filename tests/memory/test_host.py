@@ -132,16 +132,22 @@ def _fill_from_file(tmp_path: Path, monkeypatch=None) -> tuple[bytes, bytes, int
     fd_src = os.open(src, os.O_RDONLY)
     w = HostBackend().allocate(4 * 4096 + 512, "t")
     hashers = [xxhash.xxh3_128(), xxhash.xxh3_128(), xxhash.xxh3_128()]
-    assert w.write_from_file(fd_src, 0, 0, 4096, hashers[0]) == 4096
-    pieces = [(4096, 4096), (8192 + 256, len(data) - 8192)]
-    assert w.write_run(fd_src, 4096, pieces, hashers[1:]) == len(data) - 4096
+    try:
+        assert w.write_from_file(fd_src, 0, 0, 4096, hashers[0]) == 4096
+        pieces = [(4096, 4096), (8192 + 256, len(data) - 8192)]
+        assert w.write_run(fd_src, 4096, pieces, hashers[1:]) == len(data) - 4096
+    except BaseException:
+        w.abort()  # a failing copy leaves no fd to disturb a later test's count
+        raise
+    finally:
+        os.close(fd_src)
     fd = w.finish()
-    os.close(fd_src)
     with mmap.mmap(fd, 4 * 4096 + 512, mmap.MAP_SHARED, mmap.PROT_READ) as m:
         seg = bytes(m)
     os.close(fd)
     leaked = len(os.listdir("/proc/self/fd")) - before
     assert hashers[0].hexdigest() == xxhash.xxh3_128(data[:4096]).hexdigest()
+    assert hashers[1].hexdigest() == xxhash.xxh3_128(data[4096:8192]).hexdigest()
     assert hashers[2].hexdigest() == xxhash.xxh3_128(data[8192:]).hexdigest()
     return data, seg, leaked
 

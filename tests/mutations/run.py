@@ -20,7 +20,7 @@ from tests.mutations.table import MUTATIONS, Mutation
 
 REPO = Path(__file__).resolve().parents[2]
 # What the tests need of the tree (no build outputs, no virtualenvs).
-COPIED = ("wcached", "tests", "etc", "packaging", "pyproject.toml", "README.md")
+COPIED = ("wcached", "tests", "etc", "packaging", "docs", "pyproject.toml", "README.md")
 # The vLLM virtualenvs, linked into the copy: their interpreters run the
 # mutant's code through PYTHONPATH, which comes before their own install.
 LINKED = ("build/vllm-venv", "build/vllm-venv-0.27")

@@ -42,6 +42,7 @@ from pathlib import Path
 from tests.mutations.run import REPO, _copy_tree
 
 REPORT = REPO / "tests/mutations/report.json"
+PYTHON = "{}.{}".format(*sys.version_info[:2])
 
 # The safety modules (issue 23): what the guarantees rest on. Measured here:
 # those whose code runs on a CPU host without vLLM. The others say why not.
@@ -225,22 +226,26 @@ def tests_by_function(
             names: set[str] = set()
             for line in range(first, last + 1):
                 names.update(contexts.get(line, ()))
-            # Quickest first: most mutants die in the first test that runs them.
-            ids = {_node_id(c) for c in names} - {""}
-            per_function[fn] = sorted(ids, key=lambda t: (seconds.get(t, 1e9), t))
+            # Only tests that passed, quickest first: most mutants die in the
+            # first test that runs them.
+            ids = {_node_id(c) for c in names} & seconds.keys()
+            per_function[fn] = sorted(ids, key=lambda t: (seconds[t], t))
         result[module] = per_function
     return result
 
 
 def _durations(junit: Path) -> dict[str, float]:
-    """node id -> seconds, from pytest's JUnit XML (module tests only; a test
-    in a class is not named back and counts as slow)."""
+    """node id -> seconds of each test that passed, from pytest's JUnit XML
+    (module tests only; a test in a class is not named back). A test that
+    fails on the code as it is would "kill" every mutant: it is left out."""
     import xml.etree.ElementTree as ET
 
     if not junit.exists():
         return {}
     seconds: dict[str, float] = {}
     for case in ET.parse(junit).iter("testcase"):
+        if any(case.find(tag) is not None for tag in ("failure", "error", "skipped")):
+            continue
         path = case.get("classname", "").replace(".", "/") + ".py"
         seconds[f"{path}::{case.get('name')}"] = float(case.get("time") or 0)
     return seconds
@@ -320,11 +325,14 @@ def main() -> int:
     )
     p.add_argument("--tests", nargs="+", default=list(TEST_PATHS), help="where a mutant's tests come from")
     args = p.parse_args()
+    os.chdir(REPO)  # mutmut reads its [tool.mutmut] from ./pyproject.toml
+    report = load_report()
+    if report["modules"] and report.get("python") != PYTHON:
+        p.error(f"report.json is of Python {report.get('python')}, this is {PYTHON}: its hashes differ")
     modules = args.modules or [m for m, why in SAFETY_MODULES.items() if not why]
     for m in modules:
         if SAFETY_MODULES.get(m, "") or not (REPO / m).exists():
             p.error(f"{m}: not a measured safety module ({SAFETY_MODULES.get(m) or 'unknown'})")
-    report = load_report()
     with tempfile.TemporaryDirectory(prefix="wcached-mutmut-") as tmp:
         work = Path(tmp)
         work.chmod(0o755)
@@ -395,6 +403,8 @@ def main() -> int:
         print(f"{module}: score {report['modules'][module]['score']} {report['modules'][module]['counts']}")
     report["mutmut"] = _version("mutmut")
     report["coverage"] = _version("coverage")
+    # mutmut hashes ast.dump(), whose text differs between Python versions.
+    report["python"] = PYTHON
     REPORT.write_text(json.dumps(report, indent=1, ensure_ascii=False, sort_keys=True) + "\n")
     return 0
 
