@@ -144,6 +144,8 @@ def _recv_request(conn: socket.socket) -> tuple[dict, int]:
     n = int.from_bytes(data[:4], "big")
     while len(data) < 4 + n:
         data += conn.recv(4 + n - len(data))
+    if len(fds) != 1:
+        raise ValueError(f"a request carries one output fd, this one {len(fds)}")
     return json.loads(data[4 : 4 + n]), fds[0]
 
 
@@ -166,7 +168,7 @@ def _child(job: dict, out_fd: int) -> None:
     try:
         exec(compile(argv[1], "<engine>", "exec"), {"__name__": "__main__"})
     except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
+        code = 0 if e.code is None else e.code if isinstance(e.code, int) else 1
     except BaseException:
         import traceback
 
@@ -197,12 +199,20 @@ def serve(path: str) -> None:
         while True:
             conn, _ = srv.accept()
             with conn:
-                job, out_fd = _recv_request(conn)
+                try:
+                    job, out_fd = _recv_request(conn)
+                except (ValueError, OSError) as e:  # a bad request costs the zygote nothing
+                    print(f"refused a request: {e}", file=sys.stderr, flush=True)
+                    continue
                 pid = os.fork()
                 if pid == 0:
                     srv.close()
                     conn.close()
                     _child(job, out_fd)
+                try:  # here too: a kill of the group right after the reply must reach the child
+                    os.setpgid(pid, pid)
+                except OSError:  # it did it first (or already exec'd/exited)
+                    pass
                 os.close(out_fd)
                 conn.sendall(str(pid).encode())
 
