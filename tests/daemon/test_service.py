@@ -319,9 +319,13 @@ def test_lock_path_symlink_is_refused(work: Path, sharded_ckpt: Path) -> None:
 
 def test_unexpected_error_is_logged_with_traceback_and_exits_70(work: Path, sharded_ckpt: Path) -> None:
     """Anything unforeseen: its traceback at error priority, then EX_SOFTWARE
-    (not Python's bare exit 1). A socket directory that is a file stands in."""
-    (work / "run").write_text("not a directory")
-    cfg = one_model_config(work, sharded_ckpt)
+    (not Python's bare exit 1). A directory where the lock file goes stands
+    in (a file at the socket directory's path, which stood in before, is now
+    refused as a config mistake: tests/daemon/test_socket_dir.py)."""
+    run = work / "run"
+    run.mkdir(mode=0o750)
+    (run / "cpu0.lock").mkdir()
+    cfg = one_model_config(work, sharded_ckpt, run)
     d = start_daemon(cfg)
     assert d.proc.wait(30) == 70, d.log()
     log = d.log()
