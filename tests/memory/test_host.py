@@ -160,9 +160,8 @@ def test_a_segment_filled_from_a_file_holds_its_bytes_and_leaves_no_fd(tmp_path:
     assert leaked == 0
 
 
-def test_without_proc_a_segment_is_filled_through_its_mapping(tmp_path: Path, monkeypatch) -> None:
-    """Where /proc/self/fd cannot be opened (a sandbox without /proc), the
-    kernel-side copy is not available and the mapping is written instead."""
+def _without_proc(monkeypatch) -> None:
+    """/proc/self/fd cannot be opened from here on, as in a sandbox without /proc."""
     real_open = os.open
 
     def no_proc(path, *a, **k):
@@ -171,6 +170,12 @@ def test_without_proc_a_segment_is_filled_through_its_mapping(tmp_path: Path, mo
         return real_open(path, *a, **k)
 
     monkeypatch.setattr(os, "open", no_proc)
+
+
+def test_without_proc_a_segment_is_filled_through_its_mapping(tmp_path: Path, monkeypatch) -> None:
+    """Where /proc/self/fd cannot be opened (a sandbox without /proc), the
+    kernel-side copy is not available and the mapping is written instead."""
+    _without_proc(monkeypatch)
     data, seg, leaked = _fill_from_file(tmp_path)
     assert seg[:8192] == data[:8192] and seg[8448 : 8448 + len(data) - 8192] == data[8192:]
     assert leaked == 0
@@ -225,14 +230,7 @@ def test_a_read_error_during_a_kernel_copy_is_the_fills_error(tmp_path: Path, mo
 def copy_path(request, monkeypatch) -> str:
     """Each test below once through sendfile, once through the mapping (no /proc)."""
     if request.param == "mapping":
-        real_open = os.open
-
-        def no_proc(path, *a, **k):
-            if str(path).startswith("/proc/self/fd/"):
-                raise FileNotFoundError(path)
-            return real_open(path, *a, **k)
-
-        monkeypatch.setattr(os, "open", no_proc)
+        _without_proc(monkeypatch)
     return request.param
 
 
