@@ -118,6 +118,11 @@ def qualname_of(mutant: str) -> str:
     return base[2:] if base.startswith("x_") else base
 
 
+def function_hashes(mutated) -> dict[str, str]:
+    """qualname -> mutmut's hash of each function it mutated (a MutatedFile's)."""
+    return {qualname_of(k + "__mutmut_0"): v for k, v in mutated.hash_by_function_name.items()}
+
+
 def function_lines(source: str) -> dict[str, tuple[int, int]]:
     """qualname -> (first line, last line) of every function's and method's
     body: what runs when it is called. Its decorators and ``def`` line run
@@ -170,7 +175,7 @@ def make_mutants(tree: Path, modules: list[str]) -> tuple[dict[str, list[Mutant]
             n = seen[(m.function, m.diff)] = seen.get((m.function, m.diff), 0) + 1
             if n > 1:
                 m.diff += f"\n# the same change, occurrence {n}"
-        hashes[module] = {qualname_of(k + "__mutmut_0"): v for k, v in mutated.hash_by_function_name.items()}
+        hashes[module] = function_hashes(mutated)
     return mutants, hashes
 
 

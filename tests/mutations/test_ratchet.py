@@ -13,11 +13,12 @@ skip, naming them.
 
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
 
-from tests.mutations.score import PYTHON, REPORT, SAFETY_MODULES, qualname_of, score_of
+from tests.mutations.score import PYTHON, REPORT, SAFETY_MODULES, function_hashes, score_of
 from tests.mutations.triage import FLOORS, TRIAGE
 
 MEASURED = [m for m, why in SAFETY_MODULES.items() if not why]
@@ -25,6 +26,7 @@ MEASURED = [m for m, why in SAFETY_MODULES.items() if not why]
 SURVIVED = ("survived", "no tests")
 
 
+@functools.cache  # one read of the report for every test of the session
 def _report() -> dict:
     return json.loads(REPORT.read_text()) if REPORT.exists() else {"modules": {}}
 
@@ -70,7 +72,7 @@ def test_the_report_is_of_the_code_in_the_tree(module: str, monkeypatch) -> None
     monkeypatch.chdir(REPO)  # mutmut reads its [tool.mutmut] from ./pyproject.toml
     entry = _report()["modules"][module]
     mutated = mutate_file_contents(module, (REPO / module).read_text())
-    now = {qualname_of(k + "__mutmut_0"): v for k, v in mutated.hash_by_function_name.items()}
+    now = function_hashes(mutated)
     then = entry["functions"]
     changed = sorted(f for f in now.keys() | then.keys() if now.get(f) != then.get(f))
     assert not changed, (
