@@ -76,3 +76,22 @@ def test_a_client_attaches_without_nvml(cpu_config: Path) -> None:
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert r.returncode == 0, r.stderr
     assert int(r.stdout.split()[0]) > 0
+
+
+def test_by_default_the_model_named_default_found_through_the_config(cpu_config: Path) -> None:
+    """An engine that names only its config (the operator's socket_dir is in
+    it) and no model attaches the model called "default", and the lease is
+    the daemon's to report."""
+    from wcached.client import DaemonConnection
+
+    with run_daemon(cpu_config) as d:
+        assert d.socket_dir != "/run/wcache"  # the config's own, not the default
+        with attach(config=str(cpu_config)) as a:
+            assert a.manifest.model == "default"
+            assert "embed.weight" in a.tensors
+            # The mapping carries the model's name: what an operator finds in
+            # /proc/<engine pid>/maps to tell which process maps which model.
+            maps = Path("/proc/self/maps").read_text()
+            assert "/memfd:wcache:default.0 (deleted)" in maps
+            with DaemonConnection(d.socket_path) as c:
+                assert [cl.models for cl in c.status().clients if cl.models] == [["default"]]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -19,6 +20,8 @@ import textwrap
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+
+import msgspec
 
 from wcached.keys import CacheKey
 from wcached.protocol.messages import (
@@ -39,11 +42,16 @@ ENGINE = textwrap.dedent(
     """
     import sys
     from wcached.client import attach
-    from wcached.errors import ProtocolError
+    from wcached.errors import ProtocolError, TimeoutExpired
+    import time
+    started = time.monotonic()
     try:
-        a = attach("default", "cpu0", socket_dir=sys.argv[1], timeout=5, keep_lease=False)
+        a = attach("default", "cpu0", socket_dir=sys.argv[1], timeout=float(sys.argv[2]), keep_lease=False)
     except ProtocolError as e:
         print("refused:", e)
+        sys.exit(0)
+    except TimeoutExpired as e:
+        print(f"gave up after {time.monotonic() - started:.1f} s:", e)
         sys.exit(0)
     print("attached", flush=True)
     for name, t in a.tensors.items():
@@ -75,8 +83,14 @@ def _u8(name: str, offset: int, n: int) -> TensorInfo:
 
 
 @contextlib.contextmanager
-def _fake_daemon(sdir: Path, make_fd: Callable[[], int], manifest: Manifest) -> Iterator[None]:
-    """A daemon impostor at ``sdir/cpu0.sock`` answering one hello and one attach."""
+def _fake_daemon(
+    sdir: Path,
+    make_fd: Callable[[], int],
+    manifest: Manifest,
+    answer: Callable[[Channel], None] | None = None,
+) -> Iterator[None]:
+    """A daemon impostor at ``sdir/cpu0.sock`` answering one hello and one
+    attach: with one memfd and ``manifest``, or as ``answer`` does."""
     sdir.mkdir()
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(str(sdir / "cpu0.sock"))
@@ -99,9 +113,12 @@ def _fake_daemon(sdir: Path, make_fd: Callable[[], int], manifest: Manifest) -> 
                     )
                 )
                 chan.recv(65536, idle_timeout=10, frame_timeout=10)  # attach
-                fd = make_fd()
-                chan.send(Attached(manifest=manifest, fd_count=1), fds=[fd])
-                os.close(fd)
+                if answer is not None:
+                    answer(chan)
+                else:
+                    fd = make_fd()
+                    chan.send(Attached(manifest=manifest, fd_count=1), fds=[fd])
+                    os.close(fd)
                 done.wait(30)
 
     t = threading.Thread(target=serve, daemon=True)
@@ -114,9 +131,13 @@ def _fake_daemon(sdir: Path, make_fd: Callable[[], int], manifest: Manifest) -> 
         t.join(10)
 
 
-def _engine(sdir: Path) -> subprocess.CompletedProcess:
+def _engine(sdir: Path, timeout: float = 5) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-c", ENGINE, str(sdir)], capture_output=True, text=True, timeout=60, cwd=os.getcwd()
+        [sys.executable, "-c", ENGINE, str(sdir), str(timeout)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=os.getcwd(),
     )
 
 
@@ -155,3 +176,43 @@ def test_a_tensor_running_past_its_segment_is_refused_naming_it(work: Path) -> N
         r = _engine(work / "past")
     assert r.returncode == 0, (r.returncode, r.stdout, r.stderr)
     assert "refused: tensor 'w' lies outside segment 0" in r.stdout, r.stdout
+
+
+def test_segments_of_two_backends_are_refused_naming_both(work: Path) -> None:
+    """One attach maps its segments with one backend: a manifest mixing host
+    and cuda segments is refused naming both, before anything is mapped."""
+    tensors = [_u8("a", 0, 16), msgspec.structs.replace(_u8("b", 0, 16), segment=1)]
+    manifest = _manifest(4096, tensors)
+    manifest = msgspec.structs.replace(
+        manifest,
+        segments=[*manifest.segments, SegmentInfo(index=1, nbytes=4096, backend="cuda", device="0")],
+    )
+
+    def two_fds(chan: Channel) -> None:
+        fds = [_memfd(b"\7" * 4096), _memfd(b"\7" * 4096)]
+        chan.send(Attached(manifest=manifest, fd_count=2), fds=fds)
+        for fd in fds:
+            os.close(fd)
+
+    with _fake_daemon(work / "fake", lambda: -1, manifest, answer=two_fds):
+        r = _engine(work / "fake")
+    assert r.returncode == 0, (r.returncode, r.stdout, r.stderr)
+    assert "refused: segments of several backends: ['cuda', 'host']" in r.stdout, r.stdout
+
+
+def test_the_callers_timeout_bounds_a_daemon_that_stalls(work: Path) -> None:
+    """A daemon that stops mid-reply (after its attach reply, before the fds;
+    or before any reply) costs the engine the timeout it passed, not the
+    connection's default of 10 s nor forever."""
+    manifest = _manifest(4096, [_u8("w", 0, 16)])
+
+    def reply_without_fds(chan: Channel) -> None:
+        chan.send(Attached(manifest=manifest, fd_count=1))
+
+    for answer in (reply_without_fds, lambda chan: None):
+        with _fake_daemon(work / "fake", lambda: -1, manifest, answer=answer):
+            r = _engine(work / "fake", timeout=0.5)
+        shutil.rmtree(work / "fake")
+        assert r.returncode == 0, (r.returncode, r.stdout, r.stderr)
+        seconds = float(r.stdout.split("gave up after ")[1].split()[0])
+        assert seconds < 5, r.stdout  # 0.5 s asked; the default would be 10

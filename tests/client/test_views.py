@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 import torch
 
@@ -61,3 +62,112 @@ def test_entries_outside_the_segment_are_refused() -> None:
     run = [_entry("a", 0), _entry("b", 512), _entry("c", 1024)]
     with pytest.raises(ProtocolError, match="'c' lies outside"):
         build_views(_manifest(run, 1024), [raw])
+
+
+def _reference_views(manifest: Manifest, segments: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """What build_views must return, one entry at a time and nothing shared:
+    the rule its runs are a faster way of following."""
+    views = {}
+    for t in manifest.tensors:
+        if not 0 <= t.segment < len(segments):
+            raise ProtocolError(f"tensor {t.name!r} names missing segment {t.segment}")
+        dtype = getattr(torch, t.dtype, None)
+        if not isinstance(dtype, torch.dtype):
+            raise ProtocolError(f"tensor {t.name!r}: unknown dtype {t.dtype!r}")
+        size = dtype.itemsize
+        seg = segments[t.segment]
+        usable = seg.numel() // size * size
+        if t.offset % size or t.offset < 0 or t.offset + t.nbytes > usable:
+            raise ProtocolError(f"tensor {t.name!r} lies outside segment {t.segment}")
+        views[t.name] = seg[:usable].view(dtype).as_strided(t.shape, t.stride, t.offset // size)
+    return views
+
+
+def _random_manifest(rng, seg_bytes: list[int]) -> list[TensorInfo]:
+    """Runs of experts (even steps, sometimes one entry off the step, in
+    another segment, of another shape or stride or dtype), single tensors,
+    and now and then an entry no daemon should send."""
+    dtypes = {"float32": 4, "bfloat16": 2, "int8": 1, "float64": 8}
+    entries: list[TensorInfo] = []
+    for _ in range(rng.randint(1, 6)):
+        dtype = rng.choice(list(dtypes))
+        size = dtypes[dtype]
+        rows, cols = rng.randint(1, 3), rng.randint(1, 4)
+        transposed = rng.random() < 0.2
+        shape, stride = ((cols, rows), (1, cols)) if transposed else ((rows, cols), (cols, 1))
+        nbytes = rows * cols * size
+        segment = rng.randrange(len(seg_bytes))
+        step = rng.choice([nbytes, nbytes + size, 2 * nbytes, -nbytes, 0, nbytes + 1])
+        offset = rng.randrange(0, seg_bytes[segment] // 2, size)
+        for k in range(rng.randint(1, 5)):
+            e = TensorInfo(
+                name=f"t{len(entries)}",
+                dtype=dtype,
+                shape=shape,
+                stride=stride,
+                segment=segment,
+                offset=offset + k * step,
+                nbytes=nbytes,
+            )
+            odd = rng.random()
+            if odd < 0.05:
+                e = msgspec.structs.replace(e, segment=1 - segment)  # same place, other segment
+            elif odd < 0.065:
+                e = msgspec.structs.replace(e, shape=(rows * cols,), stride=(1,))  # same bytes, other shape
+            elif odd < 0.08:  # one row more, the same strides
+                longer = (shape[0] + 1, shape[1])
+                e = msgspec.structs.replace(e, shape=longer, nbytes=nbytes + shape[1] * size)
+            elif odd < 0.11 and len(shape) == 2:
+                e = msgspec.structs.replace(e, stride=(1, shape[0]) if not transposed else (shape[1], 1))
+            elif odd < 0.13:
+                e = msgspec.structs.replace(e, segment=len(seg_bytes))  # no such segment
+            elif odd < 0.15:
+                e = msgspec.structs.replace(e, dtype="float99")
+            elif odd < 0.18:
+                e = msgspec.structs.replace(e, offset=e.offset + 1)  # misaligned for size > 1
+            entries.append(e)
+    return entries
+
+
+def test_views_match_one_view_per_entry_for_any_manifest() -> None:
+    """Whatever a manifest holds, build_views gives what one as_strided per
+    entry gives, or refuses the same first entry with the same reason: runs
+    are found only where they change nothing but speed."""
+    import random
+
+    from wcached.client.attach import build_views
+
+    rng = random.Random(23)
+    seg_bytes = [1024, 512 + 6]  # the second not a multiple of 4 or 8
+    segments = [torch.randint(0, 256, (n,), dtype=torch.uint8) for n in seg_bytes]
+    outcomes = {"viewed": 0, "refused": 0}
+    for case in range(400):
+        entries = _random_manifest(rng, seg_bytes)
+        manifest = _manifest(entries, seg_bytes[0])
+        manifest = msgspec.structs.replace(
+            manifest,
+            segments=[
+                SegmentInfo(index=i, nbytes=n, backend="host", device="cpu0") for i, n in enumerate(seg_bytes)
+            ],
+        )
+        try:
+            expected = _reference_views(manifest, segments)
+        except ProtocolError as e:
+            with pytest.raises(ProtocolError) as got:
+                build_views(manifest, segments)
+            assert str(got.value) == str(e), (case, entries)
+            outcomes["refused"] += 1
+            continue
+        views = build_views(manifest, segments)
+        assert views.keys() == expected.keys(), case
+        for name, want in expected.items():
+            v = views[name]
+            assert (v.dtype, v.shape, v.stride()) == (want.dtype, want.shape, want.stride()), (case, name)
+            assert v.storage_offset() * v.element_size() + v.untyped_storage().data_ptr() == (
+                want.storage_offset() * want.element_size() + want.untyped_storage().data_ptr()
+            ), (case, name)
+            as_bytes = [x.contiguous().reshape(-1).view(torch.uint8) for x in (v, want)]  # NaN != NaN
+            assert torch.equal(*as_bytes), (case, name)
+        outcomes["viewed"] += 1
+    # Both sides of the rule were exercised, not only one.
+    assert min(outcomes.values()) > 50, outcomes

@@ -108,3 +108,64 @@ def test_a_failing_socket_is_logged_once_per_streak(clock: _Clock, tmp_path: Pat
     errors = [r for r in records if r.levelno == logging.ERROR]
     assert len(errors) == 1 and "does not answer" in errors[0].getMessage(), records
     assert "absent.sock" in errors[0].getMessage()
+
+
+def test_what_the_journal_says_of_a_streak_and_its_end(clock: _Clock, monkeypatch) -> None:
+    """The operator's lines, word for word: the first failure of a streak
+    names the socket and the error's class and text, the end of the streak is
+    said once, and a new streak is reported again. Each probe is bounded by
+    the ping interval and names itself to the daemon (``wcached status``
+    lists it as a client while it runs); its thread never holds up exit."""
+    import wcached.client.connection as connection
+
+    slow = TimeoutError("slow")
+    answers = iter([ConnectionRefusedError("refused"), None, None, slow, slow])
+    opened: list[dict] = []
+    daemonic: list[bool] = []
+
+    class FakeConnection:
+        def __init__(self, path: str, **kwargs) -> None:
+            opened.append({"path": path, **kwargs})
+            daemonic.append(threading.current_thread().daemon)
+            self.error = next(answers)
+
+        def __enter__(self):
+            if self.error:
+                raise self.error
+            return self
+
+        def __exit__(self, *exc) -> None:
+            pass
+
+        def status(self) -> None:
+            pass
+
+    monkeypatch.setattr(connection, "DaemonConnection", FakeConnection)
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = records.append
+    logger = logging.getLogger("wcached.liveness")
+    logger.addHandler(handler)
+    old_level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        probe = ServingProbe("/run/wcache/cpu0.sock", ping_interval_s=4.0)
+        for _ in range(5):
+            clock.now += 2.0
+            probe.healthy()
+            _wait_probes()
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+    said = [(r.levelname, r.getMessage()) for r in records]
+    down = (
+        "the daemon's own socket /run/wcache/cpu0.sock does not answer ({}); the watchdog is no "
+        "longer fed and systemd will restart the daemon if this persists"
+    )
+    assert said == [
+        ("ERROR", down.format("ConnectionRefusedError: refused")),
+        ("INFO", "the socket answers again"),
+        ("ERROR", down.format("TimeoutError: slow")),
+    ]
+    assert opened == [{"path": "/run/wcache/cpu0.sock", "timeout": 4.0, "client": "wcached-liveness"}] * 5
+    assert daemonic == [True] * 5

@@ -125,6 +125,11 @@ class Channel:
                     raise ProtocolError("fd batch truncated (RLIMIT_NOFILE too low?)")
                 if data != _FD_MARKER or not got:
                     raise ProtocolError("expected an fd batch marker")
+        except TimeoutError:
+            # The same error as a frame that does not come: a caller handles
+            # one kind of timeout, not the socket module's as well.
+            close_fds(fds)
+            raise TimeoutExpired(f"timed out waiting for fds ({len(fds)} of {count})") from None
         except BaseException:
             close_fds(fds)
             raise
