@@ -192,6 +192,7 @@ def _sendfile_that_gives_up(monkeypatch, err: int, after: int) -> list[int]:
     def sendfile(out, src, offset, count):
         calls.append(count)
         if budget[0] <= 0:
+            calls.append(-1)  # a refusal
             raise OSError(err, os.strerror(err))
         got = real(out, src, offset, min(count, budget[0]))
         budget[0] -= got
@@ -212,6 +213,8 @@ def test_a_filesystem_that_cannot_splice_is_filled_through_the_mapping(
     calls = _sendfile_that_gives_up(monkeypatch, errno.EINVAL, after=after)
     data, seg, leaked = _fill_from_file(tmp_path)
     assert calls, "the kernel copy was not tried"
+    # Asked once: the rest of the segment does not try it again.
+    assert calls.count(-1) == 1 and calls[-1] == -1, calls
     assert seg[:8192] == data[:8192]
     assert seg[8448 : 8448 + len(data) - 8192] == data[8192:]
     assert leaked == 0
@@ -288,3 +291,79 @@ def test_a_segment_that_cannot_be_mapped_leaves_no_fd(monkeypatch) -> None:
     with pytest.raises(OSError):
         HostBackend().allocate(4096, "t")
     assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_one_kernel_copy_fd_per_filling_thread(tmp_path: Path) -> None:
+    """The kernel copy writes through a second open file of the memfd (its own
+    file position): one per filling thread for the segment's whole fill, not
+    one per tensor, and none left once the segment is sealed."""
+    import threading
+
+    src = tmp_path / "src.bin"
+    src.write_bytes(os.urandom(64 * 1024))
+    fd_src = os.open(src, os.O_RDONLY)
+
+    def open_fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    base = open_fds()
+    w = HostBackend().allocate(64 * 1024, "t")
+    try:
+        with_writer = open_fds()
+        w.write_from_file(fd_src, 0, 0, 4096, None)
+        after_one = open_fds()
+        for i in range(1, 8):
+            w.write_from_file(fd_src, i * 4096, i * 4096, 4096, None)
+        w.write_run(fd_src, 8 * 4096, [(8 * 4096, 4096), (9 * 4096, 4096)], [None, None])
+        assert open_fds() == after_one == with_writer + 1
+        other = threading.Thread(target=w.write_from_file, args=(fd_src, 10 * 4096, 10 * 4096, 4096, None))
+        other.start()
+        other.join()
+        assert open_fds() == with_writer + 2
+        fd = w.finish()
+    finally:
+        os.close(fd_src)
+    # The sealed memfd is open, the source is closed, no copy fd is left.
+    assert open_fds() == base
+    os.close(fd)
+
+
+def test_preadv_full_carries_on_after_short_reads(tmp_path: Path, monkeypatch) -> None:
+    """A read that returns fewer bytes than asked (a network filesystem, a
+    signal) is continued where it stopped, across the views' edges."""
+    from wcached.memory import base
+
+    data = os.urandom(100)
+    src = tmp_path / "src.bin"
+    src.write_bytes(data)
+    real = os.preadv
+    steps: list[int] = []
+
+    def short_preadv(fd, views, offset):
+        # At most 7 bytes a call, cut inside a view as often as at its edge.
+        budget, cut = 7, []
+        for v in views:
+            cut.append(v[: min(len(v), budget)])
+            budget -= len(cut[-1])
+            if not budget:
+                break
+        got = real(fd, cut, offset)
+        steps.append(got)
+        return got
+
+    monkeypatch.setattr(base.os, "preadv", short_preadv)
+    bufs = [bytearray(10), bytearray(0), bytearray(7), bytearray(30), bytearray(60)]
+    fd = os.open(src, os.O_RDONLY)
+    try:
+        got = base.preadv_full(fd, [memoryview(b) for b in bufs], 3)
+    finally:
+        os.close(fd)
+    assert got == 97 and len(steps) > 10
+    assert b"".join(bufs) == data[3:] + bytes(10 + 7 + 30 + 60 - 97)
+
+
+def test_a_segment_is_a_whole_number_of_pages_and_never_less_than_asked() -> None:
+    backend = HostBackend()
+    page = mmap.PAGESIZE
+    for nbytes, want in ((0, page), (1, page), (page, page), (page + 1, 2 * page), (3 * page, 3 * page)):
+        assert backend.round_up(nbytes) == want, nbytes
