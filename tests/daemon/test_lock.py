@@ -63,3 +63,31 @@ def test_another_users_file_names_owner_holder_and_the_fix() -> None:
         "(left by a daemon run as root?); if no daemon of instance cpu0 runs, "
         "fix it with: rm /run/wcache/cpu0.lock"
     )
+
+
+def test_a_lock_in_a_directory_this_user_cannot_enter_names_user_and_fix(tmp_path: Path) -> None:
+    """Neither open nor stat: the lock's directory is closed to the daemon's
+    user (a socket directory created by root): the error names the lock, the
+    user it was tried as, and where to look."""
+    import sys
+
+    from tests.helpers import TEST_USER, require_test_user, run_as
+
+    require_test_user()
+    closed = tmp_path / "closed"
+    closed.mkdir(mode=0o700)
+    tmp_path.chmod(0o755)
+    lock = closed / "cpu0.lock"
+    code = (
+        "from wcached.daemon.lock import InstanceLock\n"
+        "from wcached.errors import LockForeign\n"
+        "try:\n"
+        f"    InstanceLock({str(lock)!r}, 'cpu0').acquire()\n"
+        "except LockForeign as e:\n"
+        "    print(e)\n"
+    )
+    r = run_as(TEST_USER, [sys.executable, "-c", code], timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == (
+        f"cannot open lock {lock} as user {TEST_USER}; check the socket directory's owner"
+    )
