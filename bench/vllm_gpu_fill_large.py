@@ -10,7 +10,12 @@ engine with ``--load-format wcache`` (fallback off) starts beside the daemon
 at the utilization the daemon's share leaves (0.9 minus the share on a vLLM
 without the external-weight hook, 0.9 with it), and generates.
 
-    PYTHONPATH=/var/tmp/site python3 bench/vllm_gpu_fill_large.py [--fraction 0.6]
+With ``--worker-cls`` the engine starts at 0.9 on any vLLM, through
+``--worker-cls wcached.integrations.vllm_worker.Worker`` (where vLLM has no
+hook), and once the daemon has stopped a disk engine starts at the same 0.9:
+their KV caches side by side.
+
+    PYTHONPATH=/var/tmp/site python3 bench/vllm_gpu_fill_large.py [--fraction 0.6] [--worker-cls]
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from vllm_gpu_load import gpu_name
 from tests.helpers import run_daemon
 from tests.integrations.test_vllm_gpu import _config, engine, weights_share
 from wcached.cli.demo import LLAMA_TINY, llama_shapes
+from wcached.integrations.vllm_bind import WORKER_CLS
 
 # Llama 3 70B's shapes; only the number of layers varies.
 LLAMA70B_LAYER = {
@@ -78,6 +84,11 @@ def main() -> None:
     p.add_argument("--fraction", type=float, default=0.6)
     p.add_argument("--segment-size", default="2GiB")
     p.add_argument("--dir", default=None, help="where to write the checkpoint (default: /dev/shm if it fits)")
+    p.add_argument(
+        "--worker-cls",
+        action="store_true",
+        help="the engine at 0.9 with wcached's worker class, then a disk engine at 0.9",
+    )
     args = p.parse_args()
     import vllm
 
@@ -119,14 +130,16 @@ def main() -> None:
             from vllm.model_executor.model_loader.base_loader import BaseModelLoader
 
             hook = hasattr(BaseModelLoader, "get_external_weight_memory")
-            util = 0.9 if hook else round(0.9 - share, 4)
+            util = 0.9 if hook or args.worker_cls else round(0.9 - share, 4)
             extra = {"socket_dir": d.socket_dir, "fallback": False}
+            worker = {"worker_cls": WORKER_CLS} if args.worker_cls and not hook else {}
             out = engine(
                 model,
                 load_format="wcache",
                 model_loader_extra_config=extra,
                 gpu_memory_utilization=util,
                 max_model_len=2048,
+                **worker,
             )
             if out["rc"] != 0 or "wcached: bound" not in out["log"]:
                 raise SystemExit(out["log"][-4000:])
@@ -135,6 +148,14 @@ def main() -> None:
                 f"first token {out['first_token_s']:.1f} s",
                 flush=True,
             )
+        disk = {}
+        if args.worker_cls:
+            # The daemon has stopped: the GPU is the disk engine's alone.
+            disk = engine(model, gpu_memory_utilization=util, max_model_len=2048)
+            if disk["rc"] != 0:
+                raise SystemExit(disk["log"][-4000:])
+            same = disk["tokens"] == out["tokens"]
+            print(f"disk engine at {util}: KV {disk['kv_gib']} GiB, tokens same: {same}", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     result = {
@@ -152,12 +173,22 @@ def main() -> None:
         "engine": {
             "gpu_memory_utilization": util,
             "external_weight_hook": hook,
+            "worker_cls": worker.get("worker_cls"),
             "load_s": out["vllm_load_s"],
             "kv_gib": out["kv_gib"],
             "first_token_s": round(out["first_token_s"], 2),
             "tokens": out["tokens"],
         },
     }
+    if disk:
+        result["disk_engine"] = {
+            "gpu_memory_utilization": util,
+            "kv_gib": disk["kv_gib"],
+            "kv_tokens": disk["kv_tokens"],
+            "wcache_kv_tokens": out["kv_tokens"],
+            "kv_ratio_wcache_to_disk": round(out["kv_gib"] / disk["kv_gib"], 4),
+            "tokens_same": disk["tokens"] == out["tokens"],
+        }
     table = "\n".join(
         [
             f"vLLM {vllm.__version__} on one {result['gpu']} ({total / 2**30:.1f} GiB), "
@@ -169,11 +200,20 @@ def main() -> None:
             f"| daemon READY (fill from /dev/shm) | {ready_s:.1f} s |",
             f"| fill peak GPU memory | {peak.group(1)} GiB = {peak.group(2)}x the model = "
             f"{result['fill']['peak_share_of_gpu']:.1%} of the GPU |",
-            f"| engine beside it | utilization {util}, KV cache {out['kv_gib']} GiB, "
-            f"first token after {out['first_token_s']:.1f} s |",
+            f"| engine beside it{' (' + WORKER_CLS + ')' if worker else ''} | utilization {util}, "
+            f"KV cache {out['kv_gib']} GiB, first token after {out['first_token_s']:.1f} s |",
         ]
+        + (
+            [
+                f"| disk engine, daemon stopped | utilization {util}, KV cache {disk['kv_gib']} GiB "
+                f"(wcache/disk {result['disk_engine']['kv_ratio_wcache_to_disk']}), "
+                f"same tokens: {result['disk_engine']['tokens_same']} |"
+            ]
+            if disk
+            else []
+        )
     )
-    write_result("vllm-gpu-fill-large", result, table)
+    write_result("vllm-gpu-fill-large" + ("-worker-cls" if args.worker_cls else ""), result, table)
     print(table)
 
 

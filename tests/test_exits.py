@@ -74,6 +74,9 @@ def test_meaning_and_fix_come_from_the_table() -> None:
     assert "not retried" in exits.meaning(65) and "(retried)" in exits.meaning(70)
     assert "{unit}" not in exits.fix(65, "wcached@0.service")
     assert "wcached@0.service" in exits.fix(65, "wcached@0.service")
+    # A status no cause has (a kill from outside, a foreign wrapper's): said
+    # as unknown, never as one of wcached's causes.
+    assert exits.meaning(99) == "failed (a status wcached does not use: killed from outside?)"
 
 
 def _unit_retries(status: int) -> bool:

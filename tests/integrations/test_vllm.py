@@ -343,3 +343,21 @@ def test_a_draft_model_attaches_to_its_own_model_of_the_daemon(
     assert re.search(r"wcached: bound \d+ tensors of default ", out["log"]), out["log"][-3000:]
     assert re.search(r"wcached: bound \d+ tensors of draft ", out["log"]), out["log"][-3000:]
     assert out["tokens"] == disk_spec["tokens"]
+
+
+def test_the_gpu_worker_class_budgets_the_mapped_weights_once(vllm_python: str) -> None:
+    """--worker-cls wcached.integrations.vllm_worker.Worker against this
+    vLLM's gpu_worker module: where vLLM has no external-weight hook, the
+    budget its init_device asks for leaves out the weights mapped from
+    wcached (and is vLLM's own otherwise); where it has the hook, the class
+    changes nothing. The engine-level figure (KV cache within 1 % of a disk
+    engine's) needs a GPU: tests/integrations/test_vllm_gpu.py."""
+    r = subprocess.run(
+        [vllm_python, str(REPO / "tests" / "integrations" / "vllm_worker_cases.py")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+    )
+    assert r.returncode == 0 and "\nOK " in "\n" + r.stdout, r.stdout[-3000:] + r.stderr[-3000:]

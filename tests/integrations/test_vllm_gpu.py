@@ -167,11 +167,27 @@ def test_wcache_engine_on_gpu_matches_disk(work: Path, model_dir: Path, quantiza
             assert advice, out["log"][-4000:]
             # The engine ran at `util` already: it advises one share lower still.
             assert abs(float(advice.group(1)) - (util - share)) < 0.002, (advice.group(0), share)
+        # Or, at the disk engine's own setting, wcached's worker class.
+        worker = {}
+        if not hook:
+            worker = engine(
+                model_dir,
+                load_format="wcache",
+                model_loader_extra_config=extra,
+                worker_cls="wcached.integrations.vllm_worker.Worker",
+                **q,
+            )
+            assert worker["rc"] == 0, worker["log"][-4000:]
+            assert "weights are mapped from wcached: of the" in worker["log"], worker["log"][-4000:]
+            assert "set gpu_memory_utilization" not in worker["log"]
+            assert worker["tokens"] == disk["tokens"]
         _no_cuda_in(d.proc.pid)
         checked, verified = _verify_every_tensor(cfg, d.socket_dir)
     assert out["tokens"] == disk["tokens"]
     record(
         f"gpu_matches_disk[{quantization or 'bf16'}]",
+        kv_gib_worker_cls=worker.get("kv_gib"),
+        kv_tokens_worker_cls=worker.get("kv_tokens"),
         model_bytes=held,
         fill_peak_gib=peak_gib,
         fill_peak_x_model=peak_ratio,
@@ -195,6 +211,9 @@ def test_wcache_engine_on_gpu_matches_disk(work: Path, model_dir: Path, quantiza
     assert peak_gib <= 1.25 * loaded_gib + 0.25, (peak_gib, loaded_gib)
     # Memory counted once: the KV cache the disk engine gets, within 1 %.
     assert abs(out["kv_gib"] - disk["kv_gib"]) <= 0.01 * disk["kv_gib"], (out["kv_gib"], disk["kv_gib"])
+    if worker:
+        kv = (worker["kv_gib"], disk["kv_gib"])
+        assert abs(kv[0] - kv[1]) <= 0.01 * kv[1], kv
 
 
 def test_tensor_parallel_2_daemons_on_gpu0_and_gpu1(work: Path, model_dir: Path) -> None:

@@ -83,7 +83,9 @@ class WcacheLoading:
             att.connection.welcome.instance,
             time.perf_counter() - started,
         )
-        if not self.options.copy:
+        if not self.options.copy and early is None:
+            # Nobody asked get_external_weight_memory before the KV cache
+            # budget was taken (vLLM's hook, or wcached's worker class).
             try:
                 _advise_memory(vllm_config, att)
             except Exception as e:  # advice only: never worth an engine
@@ -384,6 +386,10 @@ def _log_fallback(e: BaseException, what: str) -> None:
     log.debug("wcached: why the cache was not used", exc_info=e)
 
 
+# The GPU worker that counts mapped weights on vLLM releases without the hook.
+WORKER_CLS = "wcached.integrations.vllm_worker.Worker"
+
+
 def mapped_weight_bytes(manifest: Any) -> int:
     """Device bytes an engine maps from the daemon and does not copy: the
     parameters (buffers are copied into the engine's own memory)."""
@@ -391,26 +397,33 @@ def mapped_weight_bytes(manifest: Any) -> int:
 
 
 def _advise_memory(vllm_config: Any, att: Any) -> None:
-    """On a GPU, with a vLLM that has no hook for external weight memory, the
-    KV cache is sized as if the mapped weights were free memory: say which
-    gpu_memory_utilization gives the KV cache a disk engine would get."""
-    from vllm.model_executor.model_loader.base_loader import BaseModelLoader
-
-    if hasattr(BaseModelLoader, "get_external_weight_memory"):
-        return
+    """On a GPU, when the mapped weights were not counted (a vLLM without the
+    external-weight hook, started without wcached's worker class), the KV
+    cache is sized as if they were free memory: say how to count them."""
     segments = att.manifest.segments
     if not segments or segments[0].backend != "cuda":
         return
+    from vllm.model_executor.model_loader.base_loader import BaseModelLoader
+
     total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
     mapped = sum(s.nbytes for s in segments)
     util = vllm_config.cache_config.gpu_memory_utilization
+    # The worker class counts the target model where vLLM has no hook; a
+    # draft model's weights neither counts.
+    worker = (
+        f"start it with --worker-cls {WORKER_CLS}, or "
+        if not hasattr(BaseModelLoader, "get_external_weight_memory")
+        and vllm_config.parallel_config.worker_cls != WORKER_CLS
+        else ""
+    )
     log.warning(
         "wcached: this vLLM does not count the %.2f GiB of weights mapped from wcached "
         "(%.1f%% of this GPU) against gpu_memory_utilization=%.3g; for the KV cache an engine "
-        "loading from disk gets, set gpu_memory_utilization=%.3f",
+        "loading from disk gets, %sset gpu_memory_utilization=%.3f",
         mapped / 2**30,
         100 * mapped / total,
         util,
+        worker,
         util - mapped / total,
     )
 
