@@ -24,7 +24,6 @@ check), after the general plugins (wcached's loader among them) are loaded.
 
 from __future__ import annotations
 
-import logging
 import math
 from typing import Any
 
@@ -32,7 +31,7 @@ from vllm.model_executor.model_loader import get_model_loader
 from vllm.model_executor.model_loader.base_loader import BaseModelLoader
 from vllm.v1.worker import gpu_worker
 
-log = logging.getLogger("wcached.vllm")
+from wcached.integrations.vllm import log
 
 GIB = 2**30
 # vLLM 0.32 and later count external weights through the loader's hook.
