@@ -195,7 +195,9 @@ def main() -> None:
             "tokens": disk["tokens"],
             "tokens_second_disk_engine": disk["tokens_again"],
             "disk_engines_agree": disk["tokens"] == disk["tokens_again"],
-            "first_token_of_each_prompt_same": [a[0] == b[0] for a, b in zip(disk["tokens"], out["tokens"], strict=True)],
+            "first_token_of_each_prompt_same": [
+                a[0] == b[0] for a, b in zip(disk["tokens"], out["tokens"], strict=True)
+            ],
         }
     table = "\n".join(
         [
