@@ -38,7 +38,7 @@ from common import write_result
 from vllm_gpu_load import gpu_name
 
 from tests.helpers import run_daemon
-from tests.integrations.test_vllm_gpu import _config, engine, weights_share
+from tests.integrations.test_vllm_gpu import _config, _verify_every_tensor, engine, weights_share
 from wcached.cli.demo import LLAMA_TINY, llama_shapes
 from wcached.integrations.vllm_bind import WORKER_CLS
 
@@ -143,6 +143,20 @@ def main() -> None:
             )
             if out["rc"] != 0 or "wcached: bound" not in out["log"]:
                 raise SystemExit(out["log"][-4000:])
+            if args.worker_cls:
+                # A second wcache engine, and the daemon's memory against
+                # the digests its fill recorded: what a token difference is.
+                again = engine(
+                    model,
+                    load_format="wcache",
+                    model_loader_extra_config=extra,
+                    gpu_memory_utilization=util,
+                    max_model_len=2048,
+                    **worker,
+                )
+                out["tokens_again"] = again.get("tokens")
+                out["verify"] = _verify_every_tensor(daemon_cfg, d.socket_dir)[1]
+                print(f"second wcache engine agrees: {out['tokens_again'] == out['tokens']}; {out['verify']}")
             print(
                 f"engine at {util}: load {out['vllm_load_s']} s, KV {out['kv_gib']} GiB, "
                 f"first token {out['first_token_s']:.1f} s",
@@ -182,6 +196,8 @@ def main() -> None:
             "kv_gib": out["kv_gib"],
             "first_token_s": round(out["first_token_s"], 2),
             "tokens": out["tokens"],
+            "tokens_second_wcache_engine": out.get("tokens_again"),
+            "verify": out.get("verify"),
         },
     }
     if disk:
