@@ -34,6 +34,7 @@ class Placement:
 class SegmentPlan:
     index: int
     used: int = 0
+    names: list[str] = field(default_factory=list)
 
 
 def plan_layout(
@@ -54,6 +55,7 @@ def plan_layout(
             segments.append(seg)
             offset = 0
         seg.used = offset + nbytes
+        seg.names.append(name)
         placements.append(Placement(name, seg.index, offset, nbytes))
     return placements, [s.used for s in segments]
 
