@@ -150,18 +150,24 @@ def function_lines(source: str) -> dict[str, tuple[int, int]]:
     return spans
 
 
-def statement_lines(source: str) -> dict[int, int]:
-    """line -> the first line of the innermost statement holding it: the
-    line coverage.py records when a statement of several lines runs."""
-    first: dict[int, tuple[int, int]] = {}  # line -> (span, first line)
+def statement_lines(source: str) -> dict[int, tuple[int, int]]:
+    """line -> (first, last) line of the innermost statement holding it: of
+    a compound statement its header (``while (`` ... ``):``) without its
+    body. The tracer records a statement of several lines at whichever of
+    its lines the interpreter reports, not always the first."""
+    own: dict[int, tuple[int, int]] = {}
     for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.stmt):
-            end = node.end_lineno or node.lineno
-            for line in range(node.lineno, end + 1):
-                span = end - node.lineno
-                if line not in first or span < first[line][0]:
-                    first[line] = (span, node.lineno)
-    return {line: start for line, (_, start) in first.items()}
+        if not isinstance(node, ast.stmt):
+            continue
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.stmt):
+            last = max(node.lineno, body[0].lineno - 1)
+        else:
+            last = node.end_lineno or node.lineno
+        for line in range(node.lineno, last + 1):
+            if line not in own or last - node.lineno < own[line][1] - own[line][0]:
+                own[line] = (node.lineno, last)
+    return own
 
 
 def mutated_lines(diff: str, source_lines: list[str], span: tuple[int, int]) -> set[int]:
@@ -230,9 +236,9 @@ class Reach:
     and each of its statements, in any process."""
 
     by_function: dict[str, list[str]]
-    by_line: dict[int, list[str]]  # a statement's first line -> its tests
+    by_line: dict[int, list[str]]  # line -> the tests it was recorded for
     spans: dict[str, tuple[int, int]]
-    statements: dict[int, int]  # any line -> its statement's first line
+    statements: dict[int, tuple[int, int]]  # any line -> its statement's lines
 
     def tests_of(self, mutant: Mutant, source_lines: list[str]) -> list[str]:
         """The tests that ran the statement a mutant changes (they are the
@@ -242,7 +248,11 @@ class Reach:
         lines = mutated_lines(mutant.diff, source_lines, span) if span else set()
         if not lines:
             return self.by_function.get(mutant.function, [])
-        found = {t for line in lines for t in self.by_line.get(self.statements.get(line, line), [])}
+        found: set[str] = set()
+        for line in lines:
+            first, last = self.statements.get(line, (line, line))
+            for n in range(first, last + 1):
+                found.update(self.by_line.get(n, ()))
         order = self.by_function.get(mutant.function, [])
         return [t for t in order if t in found]
 

@@ -16,17 +16,20 @@ def f(a, b=1):
 """
 
 
-def test_a_line_inside_a_statement_is_that_statements_first_line() -> None:
+def test_a_line_belongs_to_its_statement_and_a_header_not_to_its_body() -> None:
     lines = statement_lines(SOURCE)
-    assert [lines[n] for n in (2, 3, 4, 5)] == [2, 2, 2, 2]
-    assert lines[6] == 6 and lines[7] == 7 and lines[8] == 8
+    assert [lines[n] for n in (2, 3, 4, 5)] == [(2, 5)] * 4
+    assert lines[6] == (6, 6) and lines[7] == (7, 7) and lines[8] == (8, 8)
+    header = statement_lines("while (\n    a\n    and b\n):\n    x = 1\n")
+    assert [header[n] for n in (1, 2, 3, 4)] == [(1, 4)] * 4 and header[5] == (5, 5)
 
 
 def test_a_mutant_is_run_against_the_tests_that_ran_its_statement() -> None:
     source_lines = SOURCE.splitlines()
     reach = Reach(
         by_function={"f": ["quick", "also", "slow"]},
-        by_line={2: ["quick", "also", "slow"], 6: ["quick", "also", "slow"], 7: ["slow", "also"]},
+        # The tracer recorded the call at its second line, not its first.
+        by_line={3: ["quick", "also", "slow"], 6: ["quick", "also", "slow"], 7: ["slow", "also"]},
         spans={"f": (2, 8)},
         statements=statement_lines(SOURCE),
     )
