@@ -42,3 +42,11 @@ def test_a_mutant_is_run_against_the_tests_that_ran_its_statement() -> None:
     assert reach.tests_of(never, source_lines) == []
     default = Mutant(name="m.x_f__mutmut_4", function="f", diff="-def f(a, b=1):\n+def f(a, b=2):")
     assert reach.tests_of(default, source_lines) == ["quick", "also", "slow"]
+
+
+def test_a_modules_own_tests_are_its_mirror_in_the_suite() -> None:
+    from tests.mutations.score import mirrored_tests
+
+    assert mirrored_tests("wcached/client/attach.py") == "tests/client/test_attach.py"
+    assert mirrored_tests("wcached/exits.py") == "tests/test_exits.py"
+    assert mirrored_tests("wcached/loaders/vllm/fill.py") == "tests/loaders/vllm/test_fill.py"
