@@ -18,6 +18,7 @@ import json
 
 import pytest
 
+from tests.mutations.run import REPO
 from tests.mutations.score import PYTHON, REPORT, SAFETY_MODULES, function_hashes, score_of
 from tests.mutations.triage import FLOORS, TRIAGE
 
@@ -64,8 +65,6 @@ def test_safety_modules_not_scored_whole_yet() -> None:
 def test_the_report_is_of_the_code_in_the_tree(module: str, monkeypatch) -> None:
     from mutmut.mutation.file_mutation import mutate_file_contents
 
-    from tests.mutations.run import REPO
-
     if _report().get("python") != PYTHON:
         # mutmut hashes ast.dump(), whose text differs between Python versions.
         pytest.skip(f"report.json's hashes are of Python {_report().get('python')}, this is {PYTHON}")
@@ -108,5 +107,11 @@ def test_every_triage_entry_is_of_a_survivor(module: str) -> None:
 
 def test_triage_reasons_say_why() -> None:
     for key, reason in TRIAGE.items():
-        assert reason.split(":", 1)[0] in ("equivalent", "accepted"), (key, reason)
-        assert len(reason.split(":", 1)[-1].strip()) > 10, (key, reason)
+        kind, _, why = reason.partition(":")
+        assert kind in ("equivalent", "accepted", "caught"), (key, reason)
+        assert len(why.strip()) > 10, (key, reason)
+        if kind == "caught":  # names a test that is there
+            test_file = why.strip().split("::", 1)[0]
+            assert (REPO / test_file).is_file(), (key, reason)
+            name = why.strip().split("::", 1)[1].split(",", 1)[0]
+            assert f"def {name}(" in (REPO / test_file).read_text(), (key, reason)

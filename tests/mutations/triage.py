@@ -7,8 +7,12 @@ written; a change that does the opposite fails make test.
 
 TRIAGE: every mutant that survived, keyed by (module, function, changed
 lines as report.json gives them), with why it may: "equivalent: ..." (no
-behaviour can tell it apart) or "accepted: ..." (a real difference no test
-should pin, and why). A survivor that matters gets a test instead.
+behaviour can tell it apart), "accepted: ..." (a real difference no test
+should pin, and why) or "caught: <test node id>, ..." (a test that fails
+with it, checked by hand, beyond the tests the score ran for it: a mutant
+runs only against the first --max-tests tests that reach its statement,
+its module's own test file first). A survivor that matters gets a test
+instead.
 """
 
 from __future__ import annotations
