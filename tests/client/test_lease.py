@@ -279,3 +279,90 @@ def test_a_daemon_that_refilled_in_another_layout_is_not_taken_for_the_same_memo
         a.close()
         d.stop()
         d.notify.close()
+
+
+def test_a_daemon_back_without_the_model_ends_the_watch_with_one_warning(
+    work: Path, ckpt: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The daemon came back serving another model only (the operator changed
+    its config): waiting cannot help, so the engine is told once, at warning,
+    naming the model and the daemon's reason, stops watching and keeps the
+    weights it has."""
+    import torch
+
+    from tests.helpers import as_bytes
+
+    before = write_config(
+        work / "before.toml",
+        models=[{"name": "default", "path": str(ckpt)}],
+        daemon={"socket_dir": str(work / "run")},
+    )
+    after = write_config(
+        work / "after.toml",
+        models=[{"name": "other", "path": str(ckpt)}],
+        daemon={"socket_dir": str(work / "run")},
+    )
+    d = _up(before)
+    a = attach("default", "cpu0", socket_dir=d.socket_dir)
+    kept = {n: as_bytes(t).clone() for n, t in a.tensors.items()}
+    try:
+        with caplog.at_level(logging.INFO, "wcached.client"):
+            d.stop(signal.SIGTERM)
+            d.notify.close()
+            d = _up(after)
+            deadline = time.monotonic() + 20
+            while a.watch.watching:
+                assert time.monotonic() < deadline, [r.getMessage() for r in caplog.records]
+                time.sleep(0.05)
+        client = [r for r in caplog.records if r.name == "wcached.client"]
+        warnings = [r.getMessage() for r in client if r.levelno >= logging.WARNING]
+        assert len(warnings) == 1, warnings
+        assert warnings[0].startswith("wcached: cannot attach to default again (")
+        assert "default" in warnings[0].split("(", 1)[1]  # the daemon's reason names the model
+        assert warnings[0].endswith("); keeping the weights without a lease"), warnings
+        assert a.watch.reattached == 0
+        assert all(torch.equal(as_bytes(a.tensors[n]), b) for n, b in kept.items())
+    finally:
+        a.close()
+        d.stop()
+        d.notify.close()
+
+
+def test_a_daemon_that_writes_to_an_attached_connection_is_no_longer_watched(
+    work: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A daemon never writes to an attached connection; one that does (an
+    impostor, a protocol this client does not know) is not taken for a
+    restart: one warning naming its socket, the watch ends, the connection
+    stays the lease and the weights stay mapped."""
+    from tests.client.test_untrusted_daemon import _fake_daemon, _manifest, _memfd, _u8
+    from wcached.protocol.messages import Attached
+    from wcached.protocol.wire import Channel
+
+    manifest = _manifest(4096, [_u8("w", 0, 16)])
+
+    def then_write(chan: Channel) -> None:
+        fd = _memfd(bytes(range(256)) * 16)
+        chan.send(Attached(manifest=manifest, fd_count=1), fds=[fd])
+        os.close(fd)
+        time.sleep(0.5)
+        chan.sock.sendall(b"?")
+
+    with caplog.at_level(logging.INFO, "wcached.client"):
+        with _fake_daemon(work / "fake", lambda: -1, manifest, answer=then_write):
+            a = attach("default", "cpu0", socket_dir=str(work / "fake"), timeout=5)
+            try:
+                deadline = time.monotonic() + 20
+                while a.watch.watching:
+                    assert time.monotonic() < deadline, [r.getMessage() for r in caplog.records]
+                    time.sleep(0.05)
+                assert not a.closed and a.tensors["w"].tolist() == list(range(16))
+            finally:
+                a.close()
+    warnings = [
+        r.getMessage() for r in caplog.records if r.name == "wcached.client" and r.levelno >= logging.WARNING
+    ]
+    assert warnings == [
+        f"wcached: the daemon at {work / 'fake' / 'cpu0.sock'} wrote to an attached connection; "
+        "no longer watching the lease"
+    ]
