@@ -23,6 +23,10 @@ from __future__ import annotations
 # wcached/client/lease.py was started (197 of its 303 mutants not run).
 FLOORS: dict[str, tuple[float, int]] = {
     "wcached/client/attach.py": (93.3, 0),
+    # Scored whole in session 12 (561 mutants, --max-tests 12): 455 caught,
+    # 80 survived and 26 that no test runs, none triaged yet: the ceiling
+    # only keeps them from growing.
+    "wcached/config.py": (85.0, 106),
     "wcached/daemon/liveness.py": (91.2, 0),
     "wcached/daemon/lock.py": (98.7, 0),
     "wcached/daemon/peers.py": (100.0, 0),
