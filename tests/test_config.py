@@ -122,6 +122,9 @@ def test_instance_table_matches_gpu_alias(tmp_path: Path) -> None:
         ('[instance."cpu1"]\nmetrics_port = 70000\n', "instance.cpu1.metrics_port", "70000 is outside"),
         ('[instance."0"]\nmetrics_port = -5\n', "instance.0.metrics_port", "-5 is outside"),
         ('[instance."cpu1"]\nmetrics_dir = "/x"\n', "instance.cpu1.metrics_dir", "unknown key"),
+        # `model` written as a key, not as [[model]] tables.
+        ('model = "llama"\n', "model", "must be an array of tables ([[model]])"),
+        ("model = [1, 2]\n", "model[0]", "must be a table"),
     ],
 )
 def test_mistakes_name_file_and_key(tmp_path: Path, text: str, key: str, problem: str) -> None:
@@ -345,3 +348,43 @@ def test_a_daemon_at_the_longest_accepted_socket_path_binds_and_serves(
         assert len(d.socket_path.encode()) == 107
         with attach("default", "cpu0", socket_dir=str(sdir), timeout=10, keep_lease=False) as a:
             assert "embed.weight" in a.tensors
+
+
+def _with_a_broken_loader(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A third-party loader whose plugin does not import."""
+    import wcached.config
+
+    real_names, real_options = wcached.config.loader_names(), wcached.config.options_for
+
+    def options_for(name: str):
+        if name == "broken":
+            raise ImportError("No module named 'broken_loader'")
+        return real_options(name)
+
+    monkeypatch.setattr(wcached.config, "loader_names", lambda: real_names | {"broken"})
+    monkeypatch.setattr(wcached.config, "options_for", options_for)
+
+
+def test_a_loader_plugin_that_does_not_import_names_the_model_key_and_its_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _with_a_broken_loader(monkeypatch)
+    path = _write(
+        tmp_path, '[[model]]\nname = "a"\npath = "p"\n[[model]]\nname = "b"\npath = "p"\nloader = "broken"\n'
+    )
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert e.value.key == "model[1].loader"
+    assert e.value.problem == "loader 'broken' cannot be used: No module named 'broken_loader'"
+    assert str(path) in str(e.value) and e.value.exit_status == EX_CONFIG
+
+
+def test_an_unknown_key_still_names_the_loader_it_belongs_to_beside_a_broken_loader(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _with_a_broken_loader(monkeypatch)
+    path = _write(tmp_path, '[[model]]\nname = "a"\npath = "p"\ntensor_parallel_size = 2\n')
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert e.value.key == "model[0].tensor_parallel_size"
+    assert e.value.problem == 'unknown key for loader = "safetensors"; it is a key of loader = "vllm"'
