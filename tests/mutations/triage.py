@@ -24,9 +24,9 @@ from __future__ import annotations
 FLOORS: dict[str, tuple[float, int]] = {
     "wcached/client/attach.py": (93.3, 0),
     # Scored whole in session 12 (561 mutants, --max-tests 12): 455 caught,
-    # 80 survived and 26 that no test runs, none triaged yet: the ceiling
-    # only keeps them from growing.
-    "wcached/config.py": (85.0, 106),
+    # 80 survived and 26 that no test runs; 8 of parse_config's triaged as
+    # caught beyond the tests the score ran, the rest held by the ceiling.
+    "wcached/config.py": (85.0, 98),
     "wcached/daemon/liveness.py": (91.2, 0),
     "wcached/daemon/lock.py": (98.7, 0),
     "wcached/daemon/peers.py": (100.0, 0),
@@ -39,6 +39,46 @@ FLOORS: dict[str, tuple[float, int]] = {
 }
 
 TRIAGE: dict[tuple[str, str, str], str] = {
+    (
+        "wcached/config.py",
+        "parse_config",
+        '-    if "source" in raw:\n+    if "XXsourceXX" in raw:',
+    ): "caught: tests/test_config.py::test_mistakes_name_file_and_key, its case source = 'x', beyond the 12 tests the score ran for it",
+    (
+        "wcached/config.py",
+        "parse_config",
+        '-    if "source" in raw:\n+    if "SOURCE" in raw:',
+    ): "caught: tests/test_config.py::test_mistakes_name_file_and_key, its case source = 'x', beyond the 12 tests the score ran for it",
+    (
+        "wcached/config.py",
+        "parse_config",
+        "-        m if _is_hub_id(m, base) else msgspec.structs.replace(m, path=str((base / m.path).resolve()))\n+        m if (_is_hub_id(m, base)) or True else msgspec.structs.replace(m, path=str((base / m.path).resolve()))",
+    ): "caught: tests/test_config.py::test_good_config_resolves_relative_paths_and_instances, beyond the 12 tests the score ran for it",
+    (
+        "wcached/config.py",
+        "parse_config",
+        "-        m if _is_hub_id(m, base) else msgspec.structs.replace(m, path=str((base / m.path).resolve()))\n+        m if _is_hub_id(m, base) else msgspec.structs.replace(m, path=None)",
+    ): "caught: tests/test_config.py::test_good_config_resolves_relative_paths_and_instances, beyond the 12 tests the score ran for it",
+    (
+        "wcached/config.py",
+        "parse_config",
+        "-        m if _is_hub_id(m, base) else msgspec.structs.replace(m, path=str((base / m.path).resolve()))\n+        m if _is_hub_id(m, base) else msgspec.structs.replace(m, )",
+    ): "caught: tests/test_config.py::test_good_config_resolves_relative_paths_and_instances, beyond the 12 tests the score ran for it",
+    (
+        "wcached/config.py",
+        "parse_config",
+        "-        m if _is_hub_id(m, base) else msgspec.structs.replace(m, path=str((base / m.path).resolve()))\n+        m if _is_hub_id(m, base) else msgspec.structs.replace(m, path=str(None))",
+    ): "caught: tests/test_config.py::test_good_config_resolves_relative_paths_and_instances, beyond the 12 tests the score ran for it",
+    (
+        "wcached/config.py",
+        "parse_config",
+        "-    daemon = msgspec.structs.replace(daemon, socket_dir=defaults.resolve_socket_dir(daemon.socket_dir, path))\n+    daemon = msgspec.structs.replace(daemon, )",
+    ): "caught: tests/test_config.py::test_good_config_resolves_relative_paths_and_instances, beyond the 12 tests the score ran for it",
+    (
+        "wcached/config.py",
+        "parse_config",
+        "-    cfg = msgspec.structs.replace(cfg, daemon=daemon, model=models, source=path)\n+    cfg = msgspec.structs.replace(cfg, model=models, source=path)",
+    ): "caught: tests/test_config.py::test_good_config_resolves_relative_paths_and_instances, beyond the 12 tests the score ran for it",
     (
         "wcached/client/attach.py",
         "attach",
