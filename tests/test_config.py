@@ -307,6 +307,7 @@ def test_a_timeout_or_client_limit_of_zero_or_less_is_a_config_error(
     with pytest.raises(ConfigError) as e:
         load_config(path)
     assert e.value.key == key and str(path) in str(e.value)
+    assert e.value.problem == ("must be > 0" if key.endswith("timeout_s") else "must be >= 1")
     assert e.value.exit_status == EX_CONFIG
 
 
@@ -388,3 +389,12 @@ def test_an_unknown_key_still_names_the_loader_it_belongs_to_beside_a_broken_loa
         load_config(path)
     assert e.value.key == "model[0].tensor_parallel_size"
     assert e.value.problem == 'unknown key for loader = "safetensors"; it is a key of loader = "vllm"'
+
+
+@pytest.mark.parametrize("port", [1, 65535])
+def test_the_first_and_last_tcp_ports_are_accepted_for_metrics(tmp_path: Path, port: int) -> None:
+    """0 turns the endpoint off; 1..65535 are ports, both ends included."""
+    text = f'[daemon]\nmetrics_port = {port}\n[instance."cpu1"]\nmetrics_port = {port}\n'
+    cfg = load_config(_write(tmp_path, text))
+    assert instance_settings(cfg, "cpu0").metrics_port == port
+    assert instance_settings(cfg, "cpu1").metrics_port == port

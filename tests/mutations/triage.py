@@ -24,9 +24,10 @@ from __future__ import annotations
 FLOORS: dict[str, tuple[float, int]] = {
     "wcached/client/attach.py": (93.3, 0),
     # Scored whole in session 12 (561 mutants, --max-tests 12): 455 caught,
-    # 80 survived and 26 that no test runs; 8 of parse_config's triaged as
-    # caught beyond the tests the score ran, the rest held by the ceiling.
-    "wcached/config.py": (85.0, 98),
+    # 80 survived and 26 that no test runs; 52 triaged as caught by
+    # tests/test_config.py run whole with the mutant applied (after the
+    # session's tests for its no-test paths), the rest held by the ceiling.
+    "wcached/config.py": (85.0, 54),
     "wcached/daemon/liveness.py": (91.2, 0),
     "wcached/daemon/lock.py": (98.7, 0),
     "wcached/daemon/peers.py": (100.0, 0),
@@ -39,6 +40,226 @@ FLOORS: dict[str, tuple[float, int]] = {
 }
 
 TRIAGE: dict[tuple[str, str, str], str] = {
+    (
+        "wcached/config.py",
+        "_parse_models",
+        '-        raise ConfigError(path, "model", "must be an array of tables ([[model]])")\n+        raise ConfigError(None, "model", "must be an array of tables ([[model]])")',
+    ): "caught: tests/test_config.py::test_mistakes_name_file_and_key, run whole with the mutant applied (the score ran 12 tests, or none reached it before this session)",
+    (
+        "wcached/config.py",
+        "_parse_models",
+        '-        raise ConfigError(path, "model", "must be an array of tables ([[model]])")\n+        raise ConfigError(path, None, "must be an array of tables ([[model]])")',
+    ): "caught: tests/test_config.py::test_mistakes_name_file_and_key, run whole with the mutant applied (the score ran 12 tests, or none reached it before this session)",
+    (
+        "wcached/config.py",
+        "_parse_models",
+        '-        raise ConfigError(path, "model", "must be an array of tables ([[model]])")\n+        raise ConfigError(path, "model", None)',
+    ): "caught: tests/test_config.py::test_mistakes_name_file_and_key, run whole with the mutant applied (the score ran 12 tests, or none reached it before this session)",
+    (
+        "wcached/config.py",
+        "_parse_models",
+        '-        raise ConfigError(path, "model", "must be an array of tables ([[model]])")\n+        raise ConfigError("model", "must be an array of tables ([[model]])")',
+    ): "caught: tests/test_config.py::test_mistakes_name_file_and_key, run whole with the mutant applied (the score ran 12 tests, or none reached it before this session)",
+    (
+        "wcached/config.py",
+        "_parse_models",
+        '-        raise ConfigError(path, "model", "must be an array of tables ([[model]])")\n+        raise ConfigError(path, "must be an array of tables ([[model]])")',
+    ): "caught: tests/test_config.py::test_mistakes_name_file_and_key, run whole with the mutant applied (the score ran 12 tests, or none reached it before this session)",
+    (
+        "wcached/config.py",
+        "_parse_models",
+        '-        raise ConfigError(path, "model", "must be an array of tables ([[model]])")\n+        raise ConfigError(path, "model", )',
+    ): "caught: tests/test_config.py::test_mistakes_name_file_and_key, run whole with the mutant applied (the score ran 12 tests, or none reached it before this session)",
+    (
+        "wcached/config.py",
+        "_parse_models",
+        '-        raise ConfigError(path, "model", "must be an array of tables ([[model]])")\n+        raise ConfigError(path, "XXmodelXX", "must be an array of tables ([[model]])")',
+    ): "caught: tests/test_config.py::test_mistakes_name_file_and_key, run whole with the mutant applied (the score ran 12 tests, or none reached it before this session)",
+    (
+        "wcached/config.py",
+        "_parse_models",
+        '-        raise ConfigError(path, "model", "must be an array of tables ([[model]])")\n+        raise ConfigError(path, "MODEL", "must be an array of tables ([[model]])")',
+    ): "caught: tests/test_config.py::test_mistakes_name_file_and_key, run whole with the mutant applied (the score ran 12 tests, or none reached it before this session)",
+    (
+        "wcached/config.py",
+        "_parse_models",
+        '-        raise ConfigError(path, "model", "must be an array of tables ([[model]])")\n+        raise ConfigError(path, "model", "MUST BE AN ARRAY OF TABLES ([[MODEL]])")',
+    ): "caught: tests/test_config.py::test_mistakes_name_file_and_key, run whole with the mutant applied (the score ran 12 tests, or none reached it before this session)",
+    (
+        "wcached/config.py",
+        "_parse_models",
+        '-            raise ConfigError(path, key, "must be a table")\n+            raise ConfigError(None, key, "must be a table")',
+    ): "caught: tests/test_config.py::test_mistakes_name_file_and_key, run whole with the mutant applied (the score ran 12 tests, or none reached it before this session)",
+    (
+        "wcached/config.py",
+        "_parse_models",
+        '-            raise ConfigError(path, key, "must be a table")\n+            raise ConfigError(path, None, "must be a table")',
+    ): "caught: tests/test_config.py::test_mistakes_name_file_and_key, run whole with the mutant applied (the score ran 12 tests, or none reached it before this session)",
+    (
+        "wcached/config.py",
+        "_parse_models",
+        '-            raise ConfigError(path, key, "must be a table")\n+            raise ConfigError(path, key, None)',
+    ): "caught: tests/test_config.py::test_mistakes_name_file_and_key, run whole with the mutant applied (the score ran 12 tests, or none reached it before this session)",
+    (
+        "wcached/config.py",
+        "_parse_models",
+        '-            raise ConfigError(path, key, "must be a table")\n+            raise ConfigError(key, "must be a table")',
+    ): "caught: tests/test_config.py::test_mistakes_name_file_and_key, run whole with the mutant applied (the score ran 12 tests, or none reached it before this session)",
+    (
+        "wcached/config.py",
+        "_parse_models",
+        '-            raise ConfigError(path, key, "must be a table")\n+            raise ConfigError(path, "must be a table")',
+    ): "caught: tests/test_config.py::test_mistakes_name_file_and_key, run whole with the mutant applied (the score ran 12 tests, or none reached it before this session)",
+    (
+        "wcached/config.py",
+        "_parse_models",
+        '-            raise ConfigError(path, key, "must be a table")\n+            raise ConfigError(path, key, )',
+    ): "caught: tests/test_config.py::test_mistakes_name_file_and_key, run whole with the mutant applied (the score ran 12 tests, or none reached it before this session)",
+    (
+        "wcached/config.py",
+        "_parse_models",
+        '-            raise ConfigError(path, key, "must be a table")\n+            raise ConfigError(path, key, "MUST BE A TABLE")',
+    ): "caught: tests/test_config.py::test_mistakes_name_file_and_key, run whole with the mutant applied (the score ran 12 tests, or none reached it before this session)",
+    (
+        "wcached/config.py",
+        "_parse_models",
+        '-            raise ConfigError(path, f"{key}.loader", f"loader {loader!r} cannot be used: {e}") from None\n+            raise ConfigError(None, f"{key}.loader", f"loader {loader!r} cannot be used: {e}") from None',
+    ): "caught: tests/test_config.py::test_a_loader_plugin_that_does_not_import_names_the_model_key_and_its_error, run whole with the mutant applied (the score ran 12 tests, or none reached it before this session)",
+    (
+        "wcached/config.py",
+        "_parse_models",
+        '-            raise ConfigError(path, f"{key}.loader", f"loader {loader!r} cannot be used: {e}") from None\n+            raise ConfigError(path, None, f"loader {loader!r} cannot be used: {e}") from None',
+    ): "caught: tests/test_config.py::test_a_loader_plugin_that_does_not_import_names_the_model_key_and_its_error, run whole with the mutant applied (the score ran 12 tests, or none reached it before this session)",
+    (
+        "wcached/config.py",
+        "_parse_models",
+        '-            raise ConfigError(path, f"{key}.loader", f"loader {loader!r} cannot be used: {e}") from None\n+            raise ConfigError(path, f"{key}.loader", None) from None',
+    ): "caught: tests/test_config.py::test_a_loader_plugin_that_does_not_import_names_the_model_key_and_its_error, run whole with the mutant applied (the score ran 12 tests, or none reached it before this session)",
+    (
+        "wcached/config.py",
+        "_parse_models",
+        '-            raise ConfigError(path, f"{key}.loader", f"loader {loader!r} cannot be used: {e}") from None\n+            raise ConfigError(f"{key}.loader", f"loader {loader!r} cannot be used: {e}") from None',
+    ): "caught: tests/test_config.py::test_a_loader_plugin_that_does_not_import_names_the_model_key_and_its_error, run whole with the mutant applied (the score ran 12 tests, or none reached it before this session)",
+    (
+        "wcached/config.py",
+        "_parse_models",
+        '-            raise ConfigError(path, f"{key}.loader", f"loader {loader!r} cannot be used: {e}") from None\n+            raise ConfigError(path, f"loader {loader!r} cannot be used: {e}") from None',
+    ): "caught: tests/test_config.py::test_a_loader_plugin_that_does_not_import_names_the_model_key_and_its_error, run whole with the mutant applied (the score ran 12 tests, or none reached it before this session)",
+    (
+        "wcached/config.py",
+        "_parse_models",
+        '-            raise ConfigError(path, f"{key}.loader", f"loader {loader!r} cannot be used: {e}") from None\n+            raise ConfigError(path, f"{key}.loader", ) from None',
+    ): "caught: tests/test_config.py::test_a_loader_plugin_that_does_not_import_names_the_model_key_and_its_error, run whole with the mutant applied (the score ran 12 tests, or none reached it before this session)",
+    (
+        "wcached/config.py",
+        "_unknown_model_key",
+        "-            continue\n+            break",
+    ): "caught: tests/test_config.py::test_an_unknown_key_still_names_the_loader_it_belongs_to_beside_a_broken_loader, run whole with the mutant applied (the score ran 12 tests, or none reached it before this session)",
+    (
+        "wcached/config.py",
+        "_check",
+        "-    if d.connection_timeout_s <= 0:\n+    if d.connection_timeout_s < 0:",
+    ): "caught: tests/test_config.py::test_a_timeout_or_client_limit_of_zero_or_less_is_a_config_error, run whole with the mutant applied (the score ran 12 tests, or none reached it before this session)",
+    (
+        "wcached/config.py",
+        "_check",
+        "-    if d.connection_timeout_s <= 0:\n+    if d.connection_timeout_s <= 1:",
+    ): "caught: tests/test_config.py::test_the_smallest_positive_timeout_and_one_client_are_accepted, run whole with the mutant applied (the score ran 12 tests, or none reached it before this session)",
+    (
+        "wcached/config.py",
+        "_check",
+        '-        raise ConfigError(path, "daemon.connection_timeout_s", "must be > 0")\n+        raise ConfigError(path, "daemon.connection_timeout_s", None)',
+    ): "caught: tests/test_config.py::test_a_timeout_or_client_limit_of_zero_or_less_is_a_config_error, run whole with the mutant applied (the score ran 12 tests, or none reached it before this session)",
+    (
+        "wcached/config.py",
+        "_check",
+        '-        raise ConfigError(path, "daemon.connection_timeout_s", "must be > 0")\n+        raise ConfigError(path, "daemon.connection_timeout_s", "XXmust be > 0XX")',
+    ): "caught: tests/test_config.py::test_a_timeout_or_client_limit_of_zero_or_less_is_a_config_error, run whole with the mutant applied (the score ran 12 tests, or none reached it before this session)",
+    (
+        "wcached/config.py",
+        "_check",
+        '-        raise ConfigError(path, "daemon.connection_timeout_s", "must be > 0")\n+        raise ConfigError(path, "daemon.connection_timeout_s", "MUST BE > 0")',
+    ): "caught: tests/test_config.py::test_a_timeout_or_client_limit_of_zero_or_less_is_a_config_error, run whole with the mutant applied (the score ran 12 tests, or none reached it before this session)",
+    (
+        "wcached/config.py",
+        "_check",
+        "-    if d.max_clients < 1:\n+    if d.max_clients <= 1:",
+    ): "caught: tests/test_config.py::test_the_smallest_positive_timeout_and_one_client_are_accepted, run whole with the mutant applied (the score ran 12 tests, or none reached it before this session)",
+    (
+        "wcached/config.py",
+        "_check",
+        "-    if d.max_clients < 1:\n+    if d.max_clients < 2:",
+    ): "caught: tests/test_config.py::test_the_smallest_positive_timeout_and_one_client_are_accepted, run whole with the mutant applied (the score ran 12 tests, or none reached it before this session)",
+    (
+        "wcached/config.py",
+        "_check",
+        '-        raise ConfigError(path, "daemon.max_clients", "must be >= 1")\n+        raise ConfigError(path, "daemon.max_clients", "XXmust be >= 1XX")',
+    ): "caught: tests/test_config.py::test_a_timeout_or_client_limit_of_zero_or_less_is_a_config_error, run whole with the mutant applied (the score ran 12 tests, or none reached it before this session)",
+    (
+        "wcached/config.py",
+        "_check",
+        '-        raise ConfigError(path, "daemon.max_clients", "must be >= 1")\n+        raise ConfigError(path, "daemon.max_clients", "MUST BE >= 1")',
+    ): "caught: tests/test_config.py::test_a_timeout_or_client_limit_of_zero_or_less_is_a_config_error, run whole with the mutant applied (the score ran 12 tests, or none reached it before this session)",
+    (
+        "wcached/config.py",
+        "_check",
+        "-    if d.metrics_port != 0 and not 1 <= d.metrics_port <= MAX_PORT:\n+    if d.metrics_port != 0 and not 2 <= d.metrics_port <= MAX_PORT:",
+    ): "caught: tests/test_config.py::test_the_first_and_last_tcp_ports_are_accepted_for_metrics, run whole with the mutant applied (the score ran 12 tests, or none reached it before this session)",
+    (
+        "wcached/config.py",
+        "_check",
+        "-    if d.metrics_port != 0 and not 1 <= d.metrics_port <= MAX_PORT:\n+    if d.metrics_port != 0 and not 1 < d.metrics_port <= MAX_PORT:",
+    ): "caught: tests/test_config.py::test_the_first_and_last_tcp_ports_are_accepted_for_metrics, run whole with the mutant applied (the score ran 12 tests, or none reached it before this session)",
+    (
+        "wcached/config.py",
+        "_check",
+        "-    if d.metrics_port != 0 and not 1 <= d.metrics_port <= MAX_PORT:\n+    if d.metrics_port != 0 and not 1 <= d.metrics_port < MAX_PORT:",
+    ): "caught: tests/test_config.py::test_the_first_and_last_tcp_ports_are_accepted_for_metrics, run whole with the mutant applied (the score ran 12 tests, or none reached it before this session)",
+    (
+        "wcached/config.py",
+        "_check",
+        '-            raise ConfigError(path, f"instance.{name}.connection_timeout_s", "must be > 0")\n+            raise ConfigError(path, f"instance.{name}.connection_timeout_s", None)',
+    ): "caught: tests/test_config.py::test_a_timeout_or_client_limit_of_zero_or_less_is_a_config_error, run whole with the mutant applied (the score ran 12 tests, or none reached it before this session)",
+    (
+        "wcached/config.py",
+        "_check",
+        '-            raise ConfigError(path, f"instance.{name}.connection_timeout_s", "must be > 0")\n+            raise ConfigError(path, f"instance.{name}.connection_timeout_s", "XXmust be > 0XX")',
+    ): "caught: tests/test_config.py::test_a_timeout_or_client_limit_of_zero_or_less_is_a_config_error, run whole with the mutant applied (the score ran 12 tests, or none reached it before this session)",
+    (
+        "wcached/config.py",
+        "_check",
+        '-            raise ConfigError(path, f"instance.{name}.connection_timeout_s", "must be > 0")\n+            raise ConfigError(path, f"instance.{name}.connection_timeout_s", "MUST BE > 0")',
+    ): "caught: tests/test_config.py::test_a_timeout_or_client_limit_of_zero_or_less_is_a_config_error, run whole with the mutant applied (the score ran 12 tests, or none reached it before this session)",
+    (
+        "wcached/config.py",
+        "_check",
+        '-            raise ConfigError(path, f"instance.{name}.max_clients", "must be >= 1")\n+            raise ConfigError(path, f"instance.{name}.max_clients", None)',
+    ): "caught: tests/test_config.py::test_a_timeout_or_client_limit_of_zero_or_less_is_a_config_error, run whole with the mutant applied (the score ran 12 tests, or none reached it before this session)",
+    (
+        "wcached/config.py",
+        "_check",
+        '-            raise ConfigError(path, f"instance.{name}.max_clients", "must be >= 1")\n+            raise ConfigError(path, f"instance.{name}.max_clients", "XXmust be >= 1XX")',
+    ): "caught: tests/test_config.py::test_a_timeout_or_client_limit_of_zero_or_less_is_a_config_error, run whole with the mutant applied (the score ran 12 tests, or none reached it before this session)",
+    (
+        "wcached/config.py",
+        "_check",
+        '-            raise ConfigError(path, f"instance.{name}.max_clients", "must be >= 1")\n+            raise ConfigError(path, f"instance.{name}.max_clients", "MUST BE >= 1")',
+    ): "caught: tests/test_config.py::test_a_timeout_or_client_limit_of_zero_or_less_is_a_config_error, run whole with the mutant applied (the score ran 12 tests, or none reached it before this session)",
+    (
+        "wcached/config.py",
+        "_check",
+        "-        if port is not None and port != 0 and not 1 <= port <= MAX_PORT:\n+        if port is not None and port != 0 and not 2 <= port <= MAX_PORT:",
+    ): "caught: tests/test_config.py::test_the_first_and_last_tcp_ports_are_accepted_for_metrics, run whole with the mutant applied (the score ran 12 tests, or none reached it before this session)",
+    (
+        "wcached/config.py",
+        "_check",
+        "-        if port is not None and port != 0 and not 1 <= port <= MAX_PORT:\n+        if port is not None and port != 0 and not 1 < port <= MAX_PORT:",
+    ): "caught: tests/test_config.py::test_the_first_and_last_tcp_ports_are_accepted_for_metrics, run whole with the mutant applied (the score ran 12 tests, or none reached it before this session)",
+    (
+        "wcached/config.py",
+        "_check",
+        "-        if port is not None and port != 0 and not 1 <= port <= MAX_PORT:\n+        if port is not None and port != 0 and not 1 <= port < MAX_PORT:",
+    ): "caught: tests/test_config.py::test_the_first_and_last_tcp_ports_are_accepted_for_metrics, run whole with the mutant applied (the score ran 12 tests, or none reached it before this session)",
     (
         "wcached/config.py",
         "parse_config",
