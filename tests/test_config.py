@@ -398,3 +398,32 @@ def test_the_first_and_last_tcp_ports_are_accepted_for_metrics(tmp_path: Path, p
     cfg = load_config(_write(tmp_path, text))
     assert instance_settings(cfg, "cpu0").metrics_port == port
     assert instance_settings(cfg, "cpu1").metrics_port == port
+
+
+def test_hub_ids_are_kept_for_loaders_that_resolve_them_and_paths_resolved_otherwise(tmp_path: Path) -> None:
+    """org/name is a hub id for a loader that accepts one (vllm) unless its
+    first directory is there beside the config; anything else is a path."""
+    (tmp_path / "local").mkdir()
+    text = "".join(
+        f'[[model]]\nname = "m{i}"\npath = "{path}"\nloader = "{loader}"\n'
+        for i, (path, loader) in enumerate(
+            [
+                ("Qwen/Qwen3-0.6B", "vllm"),  # a hub id
+                ("local/Qwen3-0.6B", "vllm"),  # its first directory is here: a path
+                ("Qwen/Qwen3-0.6B", "safetensors"),  # this loader reads paths only
+                (".cache/Qwen3-0.6B", "vllm"),  # a hidden directory: a path
+                ("org/name/more", "vllm"),  # three parts: a path
+                ("org-1/name_2.5", "vllm"),  # dots, dashes and underscores: a hub id
+            ]
+        )
+    )
+    cfg = load_config(_write(tmp_path, text))
+    paths = [m.path for m in cfg.model]
+    assert paths == [
+        "Qwen/Qwen3-0.6B",
+        str(tmp_path / "local" / "Qwen3-0.6B"),
+        str(tmp_path / "Qwen" / "Qwen3-0.6B"),
+        str(tmp_path / ".cache" / "Qwen3-0.6B"),
+        str(tmp_path / "org" / "name" / "more"),
+        "org-1/name_2.5",
+    ]

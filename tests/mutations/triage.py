@@ -24,10 +24,10 @@ from __future__ import annotations
 FLOORS: dict[str, tuple[float, int]] = {
     "wcached/client/attach.py": (93.3, 0),
     # Scored whole in session 12 (561 mutants, --max-tests 12): 455 caught,
-    # 80 survived and 26 that no test runs; 52 triaged as caught by
+    # 80 survived and 26 that no test runs; 64 triaged as caught by
     # tests/test_config.py run whole with the mutant applied (after the
     # session's tests for its no-test paths), the rest held by the ceiling.
-    "wcached/config.py": (85.0, 54),
+    "wcached/config.py": (85.0, 42),
     "wcached/daemon/liveness.py": (91.2, 0),
     "wcached/daemon/lock.py": (98.7, 0),
     "wcached/daemon/peers.py": (100.0, 0),
@@ -40,6 +40,66 @@ FLOORS: dict[str, tuple[float, int]] = {
 }
 
 TRIAGE: dict[tuple[str, str, str], str] = {
+    (
+        "wcached/config.py",
+        "parse_config",
+        "-        m if _is_hub_id(m, base) else msgspec.structs.replace(m, path=str((base / m.path).resolve()))\n+        m if (_is_hub_id(m, base)) and False else msgspec.structs.replace(m, path=str((base / m.path).resolve()))",
+    ): "caught: tests/test_config.py::test_hub_ids_are_kept_for_loaders_that_resolve_them_and_paths_resolved_otherwise, run whole with the mutant applied (the score ran 12 tests, or none reached it before this session)",
+    (
+        "wcached/config.py",
+        "parse_config",
+        "-        m if _is_hub_id(m, base) else msgspec.structs.replace(m, path=str((base / m.path).resolve()))\n+        m if _is_hub_id(m, None) else msgspec.structs.replace(m, path=str((base / m.path).resolve()))",
+    ): "caught: tests/test_config.py::test_hub_ids_are_kept_for_loaders_that_resolve_them_and_paths_resolved_otherwise, run whole with the mutant applied (the score ran 12 tests, or none reached it before this session)",
+    (
+        "wcached/config.py",
+        "_is_hub_id",
+        '-        and re.fullmatch(r"[\\w.-]+/[\\w.-]+", model.path) is not None\n+        and re.fullmatch(r"XX[\\w.-]+/[\\w.-]+XX", model.path) is not None',
+    ): "caught: tests/test_config.py::test_hub_ids_are_kept_for_loaders_that_resolve_them_and_paths_resolved_otherwise, run whole with the mutant applied (the score ran 12 tests, or none reached it before this session)",
+    (
+        "wcached/config.py",
+        "_is_hub_id",
+        '-        and re.fullmatch(r"[\\w.-]+/[\\w.-]+", model.path) is not None\n+        and re.fullmatch(r"[\\w.-]+/[\\w.-]+", model.path) is None',
+    ): "caught: tests/test_config.py::test_hub_ids_are_kept_for_loaders_that_resolve_them_and_paths_resolved_otherwise, run whole with the mutant applied (the score ran 12 tests, or none reached it before this session)",
+    (
+        "wcached/config.py",
+        "_is_hub_id",
+        '-        and not model.path.startswith(".")\n+        and model.path.startswith(".")',
+    ): "caught: tests/test_config.py::test_hub_ids_are_kept_for_loaders_that_resolve_them_and_paths_resolved_otherwise, run whole with the mutant applied (the score ran 12 tests, or none reached it before this session)",
+    (
+        "wcached/config.py",
+        "_is_hub_id",
+        '-        and not model.path.startswith(".")\n+        and not model.path.startswith(None)',
+    ): "caught: tests/test_config.py::test_hub_ids_are_kept_for_loaders_that_resolve_them_and_paths_resolved_otherwise, run whole with the mutant applied (the score ran 12 tests, or none reached it before this session)",
+    (
+        "wcached/config.py",
+        "_is_hub_id",
+        '-        and not model.path.startswith(".")\n+        and not model.path.startswith("XX.XX")',
+    ): "caught: tests/test_config.py::test_hub_ids_are_kept_for_loaders_that_resolve_them_and_paths_resolved_otherwise, run whole with the mutant applied (the score ran 12 tests, or none reached it before this session)",
+    (
+        "wcached/config.py",
+        "_is_hub_id",
+        '-        and not (base / model.path.split("/")[0]).exists()\n+        and (base / model.path.split("/")[0]).exists()',
+    ): "caught: tests/test_config.py::test_hub_ids_are_kept_for_loaders_that_resolve_them_and_paths_resolved_otherwise, run whole with the mutant applied (the score ran 12 tests, or none reached it before this session)",
+    (
+        "wcached/config.py",
+        "_is_hub_id",
+        '-        and not (base / model.path.split("/")[0]).exists()\n+        and not (base * model.path.split("/")[0]).exists()',
+    ): "caught: tests/test_config.py::test_hub_ids_are_kept_for_loaders_that_resolve_them_and_paths_resolved_otherwise, run whole with the mutant applied (the score ran 12 tests, or none reached it before this session)",
+    (
+        "wcached/config.py",
+        "_is_hub_id",
+        '-        and not (base / model.path.split("/")[0]).exists()\n+        and not (base / model.path.split(None)[0]).exists()',
+    ): "caught: tests/test_config.py::test_hub_ids_are_kept_for_loaders_that_resolve_them_and_paths_resolved_otherwise, run whole with the mutant applied (the score ran 12 tests, or none reached it before this session)",
+    (
+        "wcached/config.py",
+        "_is_hub_id",
+        '-        and not (base / model.path.split("/")[0]).exists()\n+        and not (base / model.path.split("XX/XX")[0]).exists()',
+    ): "caught: tests/test_config.py::test_hub_ids_are_kept_for_loaders_that_resolve_them_and_paths_resolved_otherwise, run whole with the mutant applied (the score ran 12 tests, or none reached it before this session)",
+    (
+        "wcached/config.py",
+        "_is_hub_id",
+        '-        and not (base / model.path.split("/")[0]).exists()\n+        and not (base / model.path.split("/")[1]).exists()',
+    ): "caught: tests/test_config.py::test_hub_ids_are_kept_for_loaders_that_resolve_them_and_paths_resolved_otherwise, run whole with the mutant applied (the score ran 12 tests, or none reached it before this session)",
     (
         "wcached/config.py",
         "_parse_models",
