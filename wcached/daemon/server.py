@@ -363,12 +363,20 @@ class Server:
                 result = "mismatch"
                 return
             fds = held.dup_fds()
+            # Recorded before the reply goes: a status asked the moment the
+            # client holds its fds lists it as attached (it raced the reply).
+            with self._lock:
+                first = req.model not in session.models
+                session.models.add(req.model)
             try:
                 chan.send(Attached(manifest=held.manifest, fd_count=len(fds)), timeout=timeout, fds=fds)
+            except BaseException:
+                if first:
+                    with self._lock:
+                        session.models.discard(req.model)
+                raise
             finally:
                 close_fds(fds)
-            with self._lock:
-                session.models.add(req.model)
             result = "ok"
         except WcacheError as e:
             result = e.code
