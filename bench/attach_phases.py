@@ -42,12 +42,15 @@ CLIENT = """
 import json, sys, time
 import torch
 instance, socket_dir, warm_d2h, collect = sys.argv[1], sys.argv[2], sys.argv[3] == "1", sys.argv[4] == "1"
+by_uuid = sys.argv[5] == "1"
 if not instance.startswith("cpu"):
     torch.cuda.init(); torch.empty(1, device="cuda")
     if warm_d2h:  # the process's first device-to-host copy, before timing
         torch.zeros(1, device="cuda").item()
     from wcached.memory.cuda import driver
     driver()
+if by_uuid:  # as the vLLM plugin names its GPU
+    instance = "GPU-" + str(torch.cuda.get_device_properties(int(instance)).uuid)
 import wcached.client.attach
 A = sys.modules["wcached.client.attach"]  # the package's attach() shadows the module
 from wcached.memory import get_backend
@@ -129,6 +132,11 @@ def main() -> None:
         help="copy from the GPU once before timing (an engine has used CUDA before it binds weights)",
     )
     p.add_argument(
+        "--by-uuid",
+        action="store_true",
+        help="name the GPU by torch's UUID, as the vLLM plugin does, instead of --instance's index",
+    )
+    p.add_argument(
         "--collect",
         action="store_true",
         help="collect the client's garbage before timing (the imports' young objects, which an engine's "
@@ -164,6 +172,7 @@ def main() -> None:
                             d.socket_dir,
                             str(int(args.warm_d2h)),
                             str(int(args.collect)),
+                            str(int(args.by_uuid)),
                         ],
                         capture_output=True,
                         text=True,
@@ -184,12 +193,17 @@ def main() -> None:
         f"\n\nInstance {args.instance}, {args.rounds} fresh processes per checkpoint"
         f"{', a device-to-host copy before timing' if args.warm_d2h else ''}"
         f"{', garbage collected before timing' if args.collect else ''}"
+        f"{', the GPU named by its UUID' if args.by_uuid else ''}"
         + (f"; trees {', '.join(args.trees)} alternating" if len(args.trees) > 1 else "")
         + ".\n"
     )
     print(text)
     kind = "host" if args.instance.startswith("cpu") else "cuda"
-    variant = ("-warm-d2h" if args.warm_d2h else "") + ("-collected" if args.collect else "")
+    variant = (
+        ("-warm-d2h" if args.warm_d2h else "")
+        + ("-collected" if args.collect else "")
+        + ("-by-uuid" if args.by_uuid else "")
+    )
     path = write_result(f"attach-phases-{kind}{variant}", results, text)
     copy_to_out(path)
 
