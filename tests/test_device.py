@@ -2,8 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from wcached import device
-from wcached.device import instance_id_for, resolve_instance
+from wcached.device import resolve_instance
 from wcached.errors import DeviceError
 
 
@@ -104,51 +103,3 @@ def test_the_isolated_resolver_keeps_not_ready_apart_from_absent(monkeypatch) ->
     with pytest.raises(DeviceError, match="no GPU with index 3") as e:
         device._resolve_gpu_isolated("3")
     assert type(e.value) is DeviceError and e.value.exit_status == 78
-
-
-def test_a_canonical_gpu_uuid_is_its_own_instance_id_without_nvml(monkeypatch) -> None:
-    """What an engine passes (torch's spelling of the UUID) names the socket
-    as it is; any other spelling, or an index, is still resolved by NVML."""
-    asked = []
-
-    def resolve(name: str, isolated: bool = False):
-        asked.append(name)
-        return device.Device("cuda", "GPU-8d3c5a5e-0b7c-4b1e-9d2f-0123456789ab", 0, "H200")
-
-    monkeypatch.setattr(device, "resolve_instance", resolve)
-    instance_id_for.cache_clear()
-    try:
-        uuid = "GPU-8d3c5a5e-0b7c-4b1e-9d2f-0123456789ab"
-        assert instance_id_for(uuid) == uuid
-        assert asked == []
-        for other in (
-            "0",
-            uuid.upper(),
-            "GPU-8d3c5a5e",
-            "MIG-8d3c5a5e-0b7c-4b1e-9d2f-0123456789ab",
-        ):
-            assert instance_id_for(other) == uuid
-        assert asked == ["0", uuid.upper(), "GPU-8d3c5a5e", "MIG-8d3c5a5e-0b7c-4b1e-9d2f-0123456789ab"]
-    finally:
-        instance_id_for.cache_clear()
-
-
-@pytest.mark.gpu
-def test_nvml_spells_every_gpus_uuid_as_torch_does() -> None:
-    """The short cut above holds only if NVML's canonical id is torch's
-    spelling of the same GPU's UUID (what the vLLM plugin passes)."""
-    import pynvml
-    import torch
-
-    pynvml.nvmlInit()
-    try:
-        count = pynvml.nvmlDeviceGetCount()
-    finally:
-        pynvml.nvmlShutdown()
-    for index in range(count):
-        nvml = resolve_instance(str(index)).instance_id
-        assert device._CANONICAL_UUID_RE.match(nvml), nvml
-        visible = {
-            "GPU-" + str(torch.cuda.get_device_properties(i).uuid) for i in range(torch.cuda.device_count())
-        }
-        assert nvml in visible or torch.cuda.device_count() < count, (nvml, visible)

@@ -20,9 +20,6 @@ from wcached.errors import DeviceError, DeviceNotReady
 _CPU_RE = re.compile(r"^cpu(\d+)$")
 _INDEX_RE = re.compile(r"^\d+$")
 _UUID_RE = re.compile(r"^(GPU|MIG)-[0-9a-fA-F-]{8,}$")
-# A GPU's UUID spelt as NVML spells it (and torch's device properties, which
-# an engine passes): it is its own canonical instance id.
-_CANONICAL_UUID_RE = re.compile(r"^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
 
 @dataclass(frozen=True)
@@ -127,12 +124,7 @@ def nvml_text(value: str | bytes) -> str:
 @functools.lru_cache(maxsize=64)
 def instance_id_for(name: str) -> str:
     """Canonical id (socket file stem) of an instance name; cached, because
-    clients call it on every attach and a GPU name costs an NVML start-up
-    (0.3-0.4 ms of a fresh engine's attach on the H200 host,
-    bench/results/attach-phases-cuda-*). A UUID already in canonical form
-    needs none: a GPU that is not there shows as no daemon at its socket."""
-    if _CANONICAL_UUID_RE.match(name):
-        return name
+    clients call it on every attach and a GPU name costs an NVML start-up."""
     return resolve_instance(name).instance_id
 
 
