@@ -427,3 +427,43 @@ def test_hub_ids_are_kept_for_loaders_that_resolve_them_and_paths_resolved_other
         str(tmp_path / "org" / "name" / "more"),
         "org-1/name_2.5",
     ]
+
+
+@pytest.mark.parametrize(
+    ("message", "key", "problem"),
+    [
+        # msgspec's own wording, with and without the place it failed.
+        (
+            "Expected `int`, got `str` - at `$.model[0].alignment`",
+            "model[0].alignment",
+            "Expected `int`, got `str`",
+        ),
+        ("Expected `int`, got `str`", None, "Expected `int`, got `str`"),
+        ("Object contains unknown field `foo` - at `$.daemon`", "daemon.foo", "unknown key"),
+        ("Object contains unknown field `foo`", "foo", "unknown key"),
+        (
+            "Object missing required field `path` - at `$.model[0]`",
+            "model[0].path",
+            "required key is missing",
+        ),
+        ("Object missing required field `path`", "path", "required key is missing"),
+        ("Invalid enum value 'int4'", None, "Invalid enum value 'int4'"),
+    ],
+)
+def test_msgspec_errors_become_the_key_and_problem_an_operator_reads(
+    message: str, key: str | None, problem: str
+) -> None:
+    from wcached.config import _split_validation_error
+
+    assert _split_validation_error(message) == (key, problem)
+
+
+def test_a_bad_choice_names_the_choices_of_the_field_at_the_end_of_its_key() -> None:
+    from wcached.config import _split_validation_error
+    from wcached.loaders.safetensors import SafetensorsModel
+
+    key, problem = _split_validation_error(
+        "Invalid enum value 'int4' - at `$.model[0].dtype`", SafetensorsModel
+    )
+    assert key == "model[0].dtype"
+    assert problem == "Invalid enum value 'int4'; expected one of 'auto', 'float16', 'bfloat16', 'float32'"

@@ -24,10 +24,10 @@ from __future__ import annotations
 FLOORS: dict[str, tuple[float, int]] = {
     "wcached/client/attach.py": (93.3, 0),
     # Scored whole in session 12 (561 mutants, --max-tests 12): 455 caught,
-    # 80 survived and 26 that no test runs; 64 triaged as caught by
+    # 80 survived and 26 that no test runs; 72 triaged as caught by
     # tests/test_config.py run whole with the mutant applied (after the
     # session's tests for its no-test paths), the rest held by the ceiling.
-    "wcached/config.py": (85.0, 42),
+    "wcached/config.py": (85.0, 34),
     "wcached/daemon/liveness.py": (91.2, 0),
     "wcached/daemon/lock.py": (98.7, 0),
     "wcached/daemon/peers.py": (100.0, 0),
@@ -40,6 +40,46 @@ FLOORS: dict[str, tuple[float, int]] = {
 }
 
 TRIAGE: dict[tuple[str, str, str], str] = {
+    (
+        "wcached/config.py",
+        "_split_validation_error",
+        '-            key = f"{key}.{field.group(1)}" if key else field.group(1)\n+            key = f"{key}.{field.group(1)}" if (key) and False else field.group(1)',
+    ): "caught: tests/test_config.py::test_msgspec_errors_become_the_key_and_problem_an_operator_reads, run whole with the mutant applied (the score ran 12 tests, or none reached it before this session)",
+    (
+        "wcached/config.py",
+        "_split_validation_error",
+        '-            key = f"{key}.{field.group(1)}" if key else field.group(1)\n+            key = f"{key}.{field.group(None)}" if key else field.group(1)',
+    ): "caught: tests/test_config.py::test_msgspec_errors_become_the_key_and_problem_an_operator_reads, run whole with the mutant applied (the score ran 12 tests, or none reached it before this session)",
+    (
+        "wcached/config.py",
+        "_split_validation_error",
+        '-            key = f"{key}.{field.group(1)}" if key else field.group(1)\n+            key = f"{key}.{field.group(2)}" if key else field.group(1)',
+    ): "caught: tests/test_config.py::test_msgspec_errors_become_the_key_and_problem_an_operator_reads, run whole with the mutant applied (the score ran 12 tests, or none reached it before this session)",
+    (
+        "wcached/config.py",
+        "_split_validation_error",
+        '-        problem = "required key is missing"\n+        problem = "XXrequired key is missingXX"',
+    ): "caught: tests/test_config.py::test_msgspec_errors_become_the_key_and_problem_an_operator_reads, run whole with the mutant applied (the score ran 12 tests, or none reached it before this session)",
+    (
+        "wcached/config.py",
+        "_split_validation_error",
+        '-    elif problem.startswith("Invalid enum value") and key:\n+    elif problem.startswith("Invalid enum value") or key:',
+    ): "caught: tests/test_config.py::test_msgspec_errors_become_the_key_and_problem_an_operator_reads, run whole with the mutant applied (the score ran 12 tests, or none reached it before this session)",
+    (
+        "wcached/config.py",
+        "_split_validation_error",
+        '-        choices = _literal_choices(key.rsplit(".", 1)[-1], table)\n+        choices = _literal_choices(key.rsplit(None, 1)[-1], table)',
+    ): "caught: tests/test_config.py::test_a_bad_choice_names_the_choices_of_the_field_at_the_end_of_its_key, run whole with the mutant applied (the score ran 12 tests, or none reached it before this session)",
+    (
+        "wcached/config.py",
+        "_split_validation_error",
+        '-        choices = _literal_choices(key.rsplit(".", 1)[-1], table)\n+        choices = _literal_choices(key.rsplit("XX.XX", 1)[-1], table)',
+    ): "caught: tests/test_config.py::test_a_bad_choice_names_the_choices_of_the_field_at_the_end_of_its_key, run whole with the mutant applied (the score ran 12 tests, or none reached it before this session)",
+    (
+        "wcached/config.py",
+        "_split_validation_error",
+        "-            problem = f\"{problem}; expected one of {', '.join(map(repr, choices))}\"\n+            problem = f\"{problem}; expected one of {'XX, XX'.join(map(repr, choices))}\"",
+    ): "caught: tests/test_config.py::test_a_bad_choice_names_the_choices_of_the_field_at_the_end_of_its_key, run whole with the mutant applied (the score ran 12 tests, or none reached it before this session)",
     (
         "wcached/config.py",
         "parse_config",
