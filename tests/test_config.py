@@ -238,7 +238,8 @@ def test_two_tables_naming_one_device_are_a_config_error(tmp_path: Path) -> None
     )
     with pytest.raises(ConfigError, match="both name") as e:
         instance_settings(cfg, uuid, ("0",))
-    assert e.value.key == "instance.0"
+    assert e.value.key == "instance.0" and str(tmp_path / "wcached.toml") in str(e.value)
+    assert e.value.problem == f"instance tables {uuid!r} and '0' both name {uuid}: keep one"
 
 
 def _socket_dir_of_length(total: int, name: str, root: str = "/srv") -> str:
@@ -467,3 +468,24 @@ def test_a_bad_choice_names_the_choices_of_the_field_at_the_end_of_its_key() -> 
     )
     assert key == "model[0].dtype"
     assert problem == "Invalid enum value 'int4'; expected one of 'auto', 'float16', 'bfloat16', 'float32'"
+
+
+def test_an_instance_table_overrides_the_daemons_access_lists_and_the_rest_is_the_daemons(
+    tmp_path: Path,
+) -> None:
+    """allowed_users and allowed_groups of an instance table replace the
+    daemon's, even when empty; the worker's Python, the log level and the
+    config file named in errors are the daemon's for every instance."""
+    text = (
+        '[daemon]\nallowed_users = ["alice"]\nallowed_groups = ["render"]\n'
+        'worker_python = "/opt/engine/bin/python3"\nlog_level = "debug"\n'
+        '[instance."cpu1"]\nallowed_users = ["bob"]\nallowed_groups = []\n'
+    )
+    path = _write(tmp_path, text)
+    cfg = load_config(path)
+    own = instance_settings(cfg, "cpu1")
+    assert (own.allowed_users, own.allowed_groups) == (("bob",), ())
+    default = instance_settings(cfg, "cpu0")
+    assert (default.allowed_users, default.allowed_groups) == (("alice",), ("render",))
+    for s in (own, default):
+        assert (s.worker_python, s.log_level, s.source) == ("/opt/engine/bin/python3", "debug", str(path))
