@@ -237,3 +237,52 @@ def test_a_daemon_given_offsets_into_the_header_exits_65_without_a_socket(work: 
             d.proc.kill()
             d.proc.wait()
         d.notify.close()
+
+
+def test_tensors_of_any_rank_are_described_with_row_major_strides(tmp_path: Path) -> None:
+    """A 3-D expert stack, dims of 1 and 0, a scalar: the manifest's strides
+    are those of a contiguous tensor of that shape, and the views read the
+    stored bytes."""
+    from safetensors.torch import save_file
+
+    tensors = {
+        "experts": torch.arange(2 * 3 * 4, dtype=torch.float32).reshape(2, 3, 4),
+        "ones": torch.arange(5, dtype=torch.float32).reshape(1, 5, 1),
+        "empty": torch.zeros(3, 0, 2),
+        "scalar": torch.tensor(7.0),
+    }
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    filled, _ = _fill(SafetensorsModel(name="m", path=str(tmp_path / "model.safetensors")))
+    by_name = {t.name: t for t in filled.manifest.tensors}
+    for name, ref in tensors.items():
+        assert by_name[name].stride == ref.contiguous().stride(), name
+    views = _views(filled)
+    for name, ref in tensors.items():
+        assert torch.equal(views[name], ref), name
+
+
+@pytest.mark.parametrize(("digest", "fingerprint"), [(True, "header"), (False, "header"), (False, "content")])
+def test_digests_are_recorded_exactly_when_asked_or_needed(
+    tmp_path: Path, digest: bool, fingerprint: str
+) -> None:
+    """digest = false leaves every entry's digest empty and the manifest
+    unmarked; a content fingerprint is made of the digests, so it records
+    them whatever digest says."""
+    ckpt = write_sharded(tmp_path / "c", multi_dtype_tensors(), shards=2)
+    model = SafetensorsModel(name="m", path=str(ckpt), digest=digest, fingerprint=fingerprint)
+    filled, _ = _fill(model)
+    recorded = digest or fingerprint == "content"
+    views = _views(filled)
+    for t in filled.manifest.tensors:
+        want = xxhash.xxh3_128(as_bytes(views[t.name]).numpy().tobytes()).hexdigest() if recorded else ""
+        assert t.digest == want, t.name
+    assert filled.manifest.attrs == ({"digest": "xxh3_128"} if recorded else {})
+
+
+def test_a_fill_reports_its_header_phase_and_the_engines_fingerprint_matches_the_key(tmp_path: Path) -> None:
+    from wcached.loaders.safetensors import checkpoint_fingerprint
+
+    ckpt = write_sharded(tmp_path / "c", multi_dtype_tensors(), shards=2)
+    filled, _ = _fill(SafetensorsModel(name="m", path=str(ckpt)))
+    assert "headers" in filled.phases and filled.phases["headers"] >= 0
+    assert checkpoint_fingerprint(str(ckpt)) == filled.manifest.key.fingerprint
