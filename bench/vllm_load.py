@@ -16,23 +16,12 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import summary, write_result
+from common import BIGGER, summary, write_result
 
 from tests.helpers import run_daemon
 from tests.integrations.test_vllm import VLLM_PYTHONS, engine
 from tests.integrations.vllm_engine import vllm_daemon_config
-from wcached.cli.demo import LLAMA_TINY, generate_llama
-
-BIGGER = {
-    **LLAMA_TINY,
-    "vocab_size": 32000,
-    "hidden_size": 1024,
-    "intermediate_size": 2816,
-    "num_hidden_layers": 8,
-    "num_attention_heads": 16,
-    "num_key_value_heads": 4,
-    "head_dim": 64,
-}
+from wcached.cli.demo import generate_llama
 
 
 def main() -> None:
