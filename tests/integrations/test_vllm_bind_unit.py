@@ -108,3 +108,20 @@ def test_a_tensor_the_model_lacks_is_refused_at_bind(bind) -> None:
     tensors = {"proj.weight": torch.zeros(4, 8), "proj.bias": torch.zeros(4)}
     with pytest.raises(WcacheError, match=r"proj\.bias is no parameter or buffer"):
         bind.register_all(model, _attachment(tensors), strict=True, skip=set())
+
+
+@pytest.mark.parametrize(("device", "frozen"), [("cuda", True), ("cuda:1", True), ("cpu", False)])
+def test_the_start_up_heap_is_frozen_as_a_gpu_load_begins(bind, device: str, frozen: bool) -> None:
+    import gc
+
+    gc.collect()  # as vLLM's memory profiler does before the loader is called
+    gc.unfreeze()
+    try:
+        young = {"made": ["before the load"]}
+        bind.freeze_collected_heap(torch.device(device))
+        # Frozen objects are out of every generation a collection scans.
+        assert (gc.get_freeze_count() > 0) is frozen
+        assert gc.is_tracked(young)
+        assert (young not in gc.get_objects()) is frozen
+    finally:
+        gc.unfreeze()
