@@ -95,3 +95,38 @@ def test_by_default_the_model_named_default_found_through_the_config(cpu_config:
             assert "/memfd:wcache:default.0 (deleted)" in maps
             with DaemonConnection(d.socket_path) as c:
                 assert [cl.models for cl in c.status().clients if cl.models] == [["default"]]
+
+
+def test_experts_arrive_as_runs_and_view_the_checkpoints_bytes(work: Path, tmp_path: Path) -> None:
+    """Protocol 3 over a real daemon: a layer's experts travel as one run,
+    the entries made from it are the fill's, and every view holds the
+    checkpoint's bytes; a daemon speaking version 1 (entries) gives the same."""
+    import torch
+
+    from tests.helpers import as_bytes, load_reference, one_model_config, write_sharded
+    from tests.integrations.fake_daemons import Proxy
+    from wcached.protocol.runs import RunEntries
+
+    g = torch.Generator().manual_seed(5)
+    tensors = {f"layers.0.experts.{i:02d}.w": torch.randn(16, 8, generator=g) for i in range(64)}
+    tensors |= {"layers.0.norm": torch.randn(8, generator=g), "embed": torch.randn(4, 8, generator=g)}
+    ckpt = write_sharded(tmp_path / "moe", tensors, shards=1)
+    reference = load_reference(ckpt)
+    with run_daemon(one_model_config(work, ckpt)) as d:
+        with attach("default", "cpu0", socket_dir=d.socket_dir) as a:
+            entries = a.manifest.tensors
+            assert isinstance(entries, RunEntries) and len(entries) == 66
+            assert max(len(r.names) for r in entries.runs) == 64 and len(entries.runs) == 3
+            assert {e.name for e in entries} == set(reference) == set(a.tensors)
+            for name, want in reference.items():
+                assert torch.equal(as_bytes(a.tensors[name]), as_bytes(want)), name
+            runs_form = a.manifest
+        proxy = Proxy(tmp_path / "v1", d.socket_path, "v1")
+        try:
+            with attach("default", "cpu0", socket_dir=str(tmp_path / "v1")) as old:
+                assert old.connection.welcome.version == 1 and isinstance(old.manifest.tensors, list)
+                assert old.manifest == runs_form  # the same fill, whichever form it came in
+                for name, want in reference.items():
+                    assert torch.equal(as_bytes(old.tensors[name]), as_bytes(want)), name
+        finally:
+            proxy.close()

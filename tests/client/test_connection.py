@@ -14,6 +14,7 @@ import pytest
 from tests.helpers import require_other_users, run_as
 from wcached.client.connection import DaemonConnection, trusted_daemon_uids
 from wcached.errors import PermissionRefused
+from wcached.protocol.messages import PROTOCOL_VERSION
 
 SQUATTER = textwrap.dedent(
     """
@@ -86,12 +87,12 @@ def test_a_version_1_daemon_is_greeted_again_at_version_1(work: Path, tmp_path: 
     range: refused at this release's version, the client greets at 1."""
     version, hellos = _attach_through("v1", work, tmp_path)
     assert version == 1
-    assert [h["version"] for h in hellos] == [2, 1] and "min_version" not in hellos[1]
+    assert [h["version"] for h in hellos] == [PROTOCOL_VERSION, 1] and "min_version" not in hellos[1]
 
 
 def test_a_later_daemon_with_unknown_fields_is_attached(work: Path, tmp_path: Path) -> None:
     version, hellos = _attach_through("next", work, tmp_path)
-    assert version == 2 and hellos[0]["version"] == 2
+    assert version == PROTOCOL_VERSION and hellos[0]["version"] == PROTOCOL_VERSION
 
 
 def test_the_replies_types_are_resolved_when_the_client_is_imported() -> None:

@@ -9,6 +9,7 @@ import torch
 from wcached.errors import ProtocolError
 from wcached.keys import CacheKey
 from wcached.protocol.messages import Manifest, SegmentInfo, TensorInfo
+from wcached.protocol.runs import for_version, received
 
 KEY = CacheKey(model="m", loader="safetensors", fingerprint="f", dtype="auto")
 
@@ -150,15 +151,28 @@ def test_views_match_one_view_per_entry_for_any_manifest() -> None:
                 SegmentInfo(index=i, nbytes=n, backend="host", device="cpu0") for i, n in enumerate(seg_bytes)
             ],
         )
+        # As an earlier daemon sends it (entries) and as version 3 does (runs).
+        as_runs = received(for_version(manifest, 3))
         try:
             expected = _reference_views(manifest, segments)
         except ProtocolError as e:
-            with pytest.raises(ProtocolError) as got:
-                build_views(manifest, segments)
-            assert str(got.value) == str(e), (case, entries)
+            for form in (manifest, as_runs):
+                with pytest.raises(ProtocolError) as got:
+                    build_views(form, segments)
+                assert str(got.value) == str(e), (case, entries)
             outcomes["refused"] += 1
             continue
         views = build_views(manifest, segments)
+        by_runs = build_views(as_runs, segments)
+        assert by_runs.keys() == views.keys(), case
+        for name, v in by_runs.items():
+            w = views[name]
+            assert (v.dtype, v.shape, v.stride(), v.storage_offset()) == (
+                w.dtype,
+                w.shape,
+                w.stride(),
+                w.storage_offset(),
+            ), (case, name)
         assert views.keys() == expected.keys(), case
         for name, want in expected.items():
             v = views[name]

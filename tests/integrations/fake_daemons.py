@@ -8,8 +8,8 @@ Each serves ``<socket_dir>/<instance>.sock`` from threads of the test process:
 - :class:`Proxy` forwards to a real daemon, as a daemon of another release
   would answer: ``"v1"`` like the first release (a hello with anything but
   exactly ``version = 1`` refused, no range), ``"next"`` like a later one
-  (speaks 1..3, adds fields this release does not know to every reply,
-  manifest and tensor entry), ``"corrupt"`` with one tensor's shape changed
+  (speaks 1..4, adds fields this release does not know to every reply,
+  manifest, tensor entry and run), ``"corrupt"`` with one tensor's shape changed
   in the manifest it hands out.
 """
 
@@ -103,15 +103,15 @@ class Proxy(Server):
                 return
             version = 1
         elif self.mode == "next":
-            version = min(hello["version"], 3)
+            version = min(hello["version"], 4)
             if version < hello.get("min_version", 1):
-                chan.send({"type": "error", "code": "version_mismatch", "message": "daemon speaks 1..3"})
+                chan.send({"type": "error", "code": "version_mismatch", "message": "daemon speaks 1..4"})
                 return
         up_sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         up_sock.connect(self.upstream)
         up = Channel(up_sock, Raw)
         try:
-            up.send({"type": "hello", "version": min(version, 2), "client": hello.get("client", "")})
+            up.send({"type": "hello", "version": min(version, 3), "client": hello.get("client", "")})
             self._reply(up, chan, version)
             while True:
                 up.send(chan.recv(MAX_REPLY_BYTES))
@@ -128,8 +128,10 @@ class Proxy(Server):
             if self.mode == "next":
                 _add_unknown_fields(reply)
             if self.mode == "corrupt" and reply.get("type") == "attached":
-                entry = next(t for t in reply["manifest"]["tensors"] if len(t["shape"]) == 2)
-                entry["shape"][0] -= 1
+                manifest = reply["manifest"]
+                # An entry's shape, or a run's (array-like: its second field).
+                shapes = [t["shape"] for t in manifest["tensors"]] + [r[1] for r in manifest.get("runs", [])]
+                next(s for s in shapes if len(s) == 2)[0] -= 1
             chan.send(reply, fds=fds)
         finally:
             close_fds(fds)
@@ -145,3 +147,5 @@ def _add_unknown_fields(reply: dict) -> None:
             s["numa_node"] = 0
         for t in manifest["tensors"]:
             t["checksum_algo"] = "xxh3_128"
+        for r in manifest.get("runs", []):
+            r.append("xxh3_128")  # a field a later release appends to a run

@@ -106,7 +106,7 @@ def test_a_hello_at_the_lowest_version_is_what_a_version_1_daemon_accepts() -> N
 
 @pytest.mark.parametrize(
     ("client", "expect"),
-    [((1, 1), 1), ((1, 2), 2), ((1, 9), 2), ((2, 9), 2), ((3, 9), None), ((2, 1), None)],
+    [((1, 1), 1), ((1, 2), 2), ((1, 3), 3), ((1, 9), 3), ((3, 9), 3), ((4, 9), None), ((2, 1), None)],
 )
 def test_daemon_picks_the_highest_version_both_speak(client: tuple[int, int], expect: int | None) -> None:
     from wcached.daemon.server import negotiate
@@ -114,7 +114,7 @@ def test_daemon_picks_the_highest_version_both_speak(client: tuple[int, int], ex
 
     hello = Hello(version=client[1], min_version=client[0])
     if expect is None:
-        with pytest.raises(VersionMismatch, match=r"daemon speaks protocol 1\.\.2"):
+        with pytest.raises(VersionMismatch, match=r"daemon speaks protocol 1\.\.3"):
             negotiate(hello)
     else:
         assert negotiate(hello) == expect

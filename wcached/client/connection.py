@@ -73,7 +73,9 @@ def check_daemon_peer(sock: socket.socket, path: str, users: Sequence[str] | Non
     the daemon's pid."""
     raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     pid, uid, _ = struct.unpack("3i", raw)
-    if uid not in trusted_daemon_uids(users):
+    # Root and this user are trusted whatever the list: no user database
+    # lookup (NSS can take milliseconds) on an engine's attach path.
+    if uid not in (0, os.geteuid()) and uid not in trusted_daemon_uids(users):
         raise PermissionRefused(
             f"{path} is served by uid {uid} (pid {pid}), not by root, this user or a daemon user "
             f"(${DAEMON_USERS_ENV}, default {','.join(DEFAULT_DAEMON_USERS)}); refusing to use it"

@@ -84,6 +84,8 @@ class Session:
     connected_at: float = field(default_factory=time.monotonic)
     client: str = ""
     models: set[str] = field(default_factory=set)
+    # The protocol version agreed in the hello: what the replies may carry.
+    version: int = 1
 
 
 class Server:
@@ -292,7 +294,7 @@ class Server:
             hello = chan.recv(MAX_REQUEST_BYTES, idle_timeout=timeout, frame_timeout=timeout)
             if not isinstance(hello, Hello):
                 raise ProtocolError(f"first message must be hello, got {type(hello).__name__}")
-            version = negotiate(hello)
+            version = session.version = negotiate(hello)
             session.client = printable(hello.client)
             chan.send(
                 Welcome(
@@ -369,7 +371,11 @@ class Server:
                 first = req.model not in session.models
                 session.models.add(req.model)
             try:
-                chan.send(Attached(manifest=held.manifest, fd_count=len(fds)), timeout=timeout, fds=fds)
+                chan.send(
+                    Attached(manifest=held.manifest_for(session.version), fd_count=len(fds)),
+                    timeout=timeout,
+                    fds=fds,
+                )
             except BaseException:
                 if first:
                     with self._lock:

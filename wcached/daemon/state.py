@@ -8,6 +8,7 @@ import time
 
 from wcached.errors import ModelReleased
 from wcached.protocol.messages import Manifest
+from wcached.protocol.runs import RUNS_VERSION, for_version
 from wcached.protocol.wire import close_fds
 
 
@@ -23,10 +24,20 @@ class HeldModel:
         self._fds = list(fds)
         self._lock = threading.Lock()
         self.released_at: float | None = None
+        self._as_runs: Manifest | None = None
 
     @property
     def name(self) -> str:
         return self.manifest.model
+
+    def manifest_for(self, version: int) -> Manifest:
+        """The manifest as a client of protocol ``version`` is sent it (runs
+        from version 3 on), made once: a fill's manifest never changes."""
+        if version < RUNS_VERSION:
+            return self.manifest
+        if self._as_runs is None:
+            self._as_runs = for_version(self.manifest, version)
+        return self._as_runs
 
     def dup_fds(self) -> list[int]:
         """Duplicates to send, so a concurrent release never closes an fd that

@@ -26,8 +26,9 @@ import msgspec
 
 from wcached.keys import CacheKey
 
-# What this release speaks: 2 is 1 plus the hello's range.
-PROTOCOL_VERSION = 2
+# What this release speaks: 2 is 1 plus the hello's range; 3 is 2 with an
+# attached manifest's tensors sent as runs (Manifest.runs).
+PROTOCOL_VERSION = 3
 MIN_PROTOCOL_VERSION = 1
 
 
@@ -61,15 +62,39 @@ class TensorInfo(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     digest: str = ""  # xxh3-128 hex of the bytes (see Manifest.attrs["digest"]), "" if none
 
 
+class TensorRun(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """Consecutive manifest entries of one layout at a constant step in one
+    segment (the experts of a layer; any single tensor is a run of one), as
+    version 3 sends an attached manifest's tensors: a client decodes a list
+    of names per run instead of a struct per tensor, and views a run with
+    one call. :mod:`wcached.protocol.runs` makes and expands them."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    segment: int
+    offset: int  # the first entry's; entry k's is offset + k * step
+    step: int  # 0 in a run of one
+    nbytes: int  # each entry's
+    kind: str
+    names: list[str]
+    digests: list[str] = []  # one per name, or none when no entry has one
+    alias_of: str | None = None  # only in a run of one
+
+
 class Manifest(msgspec.Struct, frozen=True, kw_only=True):
     model: str
     key: CacheKey
     segments: list[SegmentInfo]
+    # Clients get a Sequence that expands the runs it arrived as on first use
+    # (wcached.protocol.runs.RunEntries); daemons and workers hold lists.
     tensors: list[TensorInfo]
     total_bytes: int
     filled_at: float
     # Loader-specific attributes an engine needs besides tensors.
     attrs: dict[str, str] = {}
+    # On the wire to a version-3 client only, in place of ``tensors``.
+    runs: list[TensorRun] = []
 
 
 # -- client -> daemon ---------------------------------------------------------
