@@ -129,6 +129,13 @@ def main() -> None:
         help="GPU: the 8B's 32 layers at the CPU model's widths (the same tensors, ~1 GB)",
     )
     p.add_argument("--rounds", type=int, default=2, help="timed-only engines (then one profiled)")
+    p.add_argument(
+        "--trees",
+        nargs="+",
+        default=None,
+        help="source trees whose plugin the engines import, alternating against one daemon (side by "
+        "side); the profiled engine uses the last",
+    )
     p.add_argument("--child", nargs=3, metavar=("MODEL", "SOCKET_DIR", "OUT"), help=argparse.SUPPRESS)
     p.add_argument("--profile", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -168,23 +175,32 @@ def main() -> None:
     )
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", PYTHONUNBUFFERED="1")
     runs = []
+    trees = args.trees or [None]
+    timed_by_tree: dict[str, list[float]] = {str(t): [] for t in trees}
     with run_daemon(cfg, "cpu0" if args.cpu else "0", timeout=900) as d:
         print(f"filled in {time.monotonic() - t0:.0f} s", flush=True)
-        for i in range(args.rounds + 1):
+        engines = [(i, tree) for i in range(args.rounds) for tree in trees] + [(args.rounds, trees[-1])]
+        for i, tree in engines:
             profile = i == args.rounds
-            out = str(work / f"engine-{i}.json")
+            out = str(work / f"engine-{i}-{Path(str(tree)).name}.json")
             cmd = [sys.executable, __file__, "--child", str(model), d.socket_dir, out]
             cmd += ["--profile"] * profile + ["--cpu"] * args.cpu
-            r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+            child_env = env
+            if tree is not None:
+                child_env = dict(env, PYTHONPATH=os.pathsep.join([tree, env.get("PYTHONPATH", "")]))
+            r = subprocess.run(cmd, capture_output=True, text=True, env=child_env, timeout=600)
             log = r.stdout + r.stderr
-            (work / f"engine-{i}.log").write_text(log)
+            (work / f"engine-{i}-{Path(str(tree)).name}.log").write_text(log)
             if r.returncode != 0:
                 raise SystemExit(log[-6000:])
             res = json.loads(Path(out).read_text())
+            res["tree"] = tree
             res["log_lines"] = [
                 line[-220:] for line in log.splitlines() if "wcached" in line or "Model loading took" in line
             ]
             runs.append(res)
+            if not profile:
+                timed_by_tree[str(tree)].append(res["runner_load_model_s"])
             print(json.dumps({k: v for k, v in res.items() if not k.startswith("top_")}), flush=True)
     timed = [r["runner_load_model_s"] for r in runs[:-1]]
     prof = runs[-1]
@@ -195,7 +211,11 @@ def main() -> None:
         f"{what} bf16; "
         "the model runner's "
         f"load_model (vLLM's 'Model loading took') timed alone: "
-        f"{', '.join(f'{t * 1e3:.0f}' for t in timed)} ms; under cProfile "
+        + "; ".join(
+            (f"tree {tree}: " if args.trees else "") + ", ".join(f"{t * 1e3:.0f}" for t in ts) + " ms"
+            for tree, ts in timed_by_tree.items()
+        )
+        + "; under cProfile "
         f"{prof['runner_load_model_s'] * 1e3:.0f} ms.\n\n"
         "Cumulative time under cProfile (inflated by the profiler for Python-heavy parts):\n\n"
         "| function | ms |\n|---|---|\n" + rows + "\n\n```\n" + prof["top_cumulative"] + "\n```\n"
@@ -203,7 +223,13 @@ def main() -> None:
     )
     base = write_result(
         "vllm-load-profile-" + ("cpu" if args.cpu else "gpu"),
-        {"machine": machine(), "timed_runner_load_model_s": timed, "runs": runs},
+        {
+            "machine": machine(),
+            "command": " ".join(sys.argv),
+            "timed_runner_load_model_s": timed,
+            "timed_by_tree": timed_by_tree,
+            "runs": runs,
+        },
         table,
     )
     copy_to_out(base)
