@@ -90,12 +90,14 @@ if collect:  # an engine's heap has settled long before it attaches
 t0 = time.perf_counter()
 a = A.attach("default", instance, socket_dir=socket_dir)
 t1 = time.perf_counter()
-a.tensors[a.manifest.tensors[-1].name].view(-1)[0].item()
+# The last view, found without reading manifest.tensors (which a protocol-3
+# client makes from the runs only when asked).
+a.tensors[next(reversed(a.tensors))].view(-1)[0].item()
 t2 = time.perf_counter()
 phases["touch"] = t2 - t1
 phases["total"] = t2 - t0
 phases["other"] = t1 - t0 - sum(v for k, v in phases.items() if k not in ("touch", "total"))
-print(json.dumps({k: v * 1e3 for k, v in phases.items()}))
+print(json.dumps({**{k: v * 1e3 for k, v in phases.items()}, "wcached": A.__file__}))
 """
 
 ORDER = (
@@ -165,7 +167,11 @@ def main() -> None:
                     )
                     r = subprocess.run(
                         [
+                            # -P: no working directory at the head of sys.path,
+                            # which would put the repository's wcached before
+                            # the tree's (PYTHONPATH) and time it for both.
                             sys.executable,
+                            "-P",
                             "-c",
                             CLIENT,
                             args.instance,
@@ -180,7 +186,11 @@ def main() -> None:
                     )
                     if r.returncode:
                         sys.exit(r.stderr)
-                    rounds[label].append(json.loads(r.stdout.splitlines()[-1]))
+                    got = json.loads(r.stdout.splitlines()[-1])
+                    imported = Path(got.pop("wcached")).resolve()
+                    if not imported.is_relative_to(Path(tree).resolve()):
+                        sys.exit(f"the client meant to be {tree}'s imported {imported}")
+                    rounds[label].append(got)
         for label, got in rounds.items():
             key = f"{name} {label}".strip()
             results[key] = {k: round(statistics.median(r.get(k, 0.0) for r in got), 3) for k in ORDER}

@@ -31,6 +31,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+# An engine of --trees imports that tree's wcached, not the repository's
+# (which the line above put first).
+TREE_ENV = "WCACHED_BENCH_TREE"
+if os.environ.get(TREE_ENV):
+    sys.path.insert(0, os.environ[TREE_ENV])
 
 # Functions whose cumulative time the summary reports: (label, file suffix, name).
 PARTS = (
@@ -100,7 +105,13 @@ def child(model: str, socket_dir: str, out: str, profile: bool, cpu: bool) -> No
     llm = LLM(**kwargs)
     init_s = time.perf_counter() - t0
     del llm
-    result: dict = {"runner_load_model_s": walls[0] if walls else None, "init_s": init_s}
+    import wcached
+
+    result: dict = {
+        "runner_load_model_s": walls[0] if walls else None,
+        "init_s": init_s,
+        "wcached": str(Path(wcached.__file__).resolve()),
+    }
     if profile:
         prof.dump_stats(out + ".prof")
         stats = pstats.Stats(prof)
@@ -187,7 +198,7 @@ def main() -> None:
             cmd += ["--profile"] * profile + ["--cpu"] * args.cpu
             child_env = env
             if tree is not None:
-                child_env = dict(env, PYTHONPATH=os.pathsep.join([tree, env.get("PYTHONPATH", "")]))
+                child_env = dict(env, **{TREE_ENV: tree})
             r = subprocess.run(cmd, capture_output=True, text=True, env=child_env, timeout=600)
             log = r.stdout + r.stderr
             (work / f"engine-{i}-{Path(str(tree)).name}.log").write_text(log)
@@ -195,6 +206,8 @@ def main() -> None:
                 raise SystemExit(log[-6000:])
             res = json.loads(Path(out).read_text())
             res["tree"] = tree
+            if tree is not None and not Path(res["wcached"]).is_relative_to(Path(tree).resolve()):
+                raise SystemExit(f"the engine meant to use {tree}'s plugin imported {res['wcached']}")
             res["log_lines"] = [
                 line[-220:] for line in log.splitlines() if "wcached" in line or "Model loading took" in line
             ]
