@@ -105,7 +105,9 @@ def test_experts_arrive_as_runs_and_view_the_checkpoints_bytes(work: Path, tmp_p
 
     from tests.helpers import as_bytes, load_reference, one_model_config, write_sharded
     from tests.integrations.fake_daemons import Proxy
+    from wcached.protocol.messages import Attach, Hello, Reply
     from wcached.protocol.runs import RunEntries
+    from wcached.protocol.wire import MAX_REPLY_BYTES, Channel, close_fds, connect
 
     g = torch.Generator().manual_seed(5)
     tensors = {f"layers.0.experts.{i:02d}.w": torch.randn(16, 8, generator=g) for i in range(64)}
@@ -121,6 +123,18 @@ def test_experts_arrive_as_runs_and_view_the_checkpoints_bytes(work: Path, tmp_p
             for name, want in reference.items():
                 assert torch.equal(as_bytes(a.tensors[name]), as_bytes(want)), name
             runs_form = a.manifest
+        # A client of version 2 is sent entries: it would not read runs.
+        sock = connect(d.socket_path, 5)
+        try:
+            chan = Channel(sock, Reply)
+            chan.send(Hello(version=2, client="v2"))
+            assert chan.recv(MAX_REPLY_BYTES).version == 2
+            chan.send(Attach(model="default"))
+            reply = chan.recv(MAX_REPLY_BYTES)
+            close_fds(chan.recv_fds(reply.fd_count))
+            assert reply.manifest.runs == [] and list(reply.manifest.tensors) == list(runs_form.tensors)
+        finally:
+            sock.close()
         proxy = Proxy(tmp_path / "v1", d.socket_path, "v1")
         try:
             with attach("default", "cpu0", socket_dir=str(tmp_path / "v1")) as old:

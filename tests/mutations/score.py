@@ -55,6 +55,7 @@ _IN_VLLM = "runs in the vLLM virtualenvs, where mutmut's trampolines are not imp
 SAFETY_MODULES: dict[str, str] = {
     "wcached/protocol/wire.py": "",
     "wcached/protocol/messages.py": "declarations only (msgspec structs): mutmut makes no mutant of them",
+    "wcached/protocol/runs.py": "",
     "wcached/daemon/peers.py": "",
     "wcached/daemon/socket_dir.py": "",
     "wcached/daemon/lock.py": "",

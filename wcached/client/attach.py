@@ -22,7 +22,7 @@ from wcached.client.lease import LeaseWatch
 from wcached.errors import KeyMismatch, ProtocolError
 from wcached.memory import get_backend
 from wcached.protocol.messages import Attach, Attached, Manifest, Mismatch, TensorRun
-from wcached.protocol.runs import received, runs_of
+from wcached.protocol.runs import runs_of
 from wcached.protocol.wire import close_fds
 
 if TYPE_CHECKING:
@@ -106,7 +106,7 @@ def attach(
             raise ProtocolError(f"expected attached, got {type(reply).__name__}")
         fds = conn.chan.recv_fds(reply.fd_count, timeout=timeout)
         try:
-            manifest = received(reply.manifest)
+            manifest = reply.manifest
             if len(fds) != len(manifest.segments):
                 raise ProtocolError(f"{len(fds)} fds for {len(manifest.segments)} segments")
             backends = {s.backend for s in manifest.segments}

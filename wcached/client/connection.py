@@ -10,12 +10,15 @@ import sys
 import time
 from collections.abc import Sequence
 
+import msgspec
+
 from wcached import defaults
 from wcached.device import instance_id_for
 from wcached.errors import Busy, PermissionRefused, ProtocolError, VersionMismatch, error_for_code
 from wcached.protocol.messages import (
     MIN_PROTOCOL_VERSION,
     PROTOCOL_VERSION,
+    Attached,
     ErrorReply,
     Hello,
     Release,
@@ -25,6 +28,7 @@ from wcached.protocol.messages import (
     StatusRequest,
     Welcome,
 )
+from wcached.protocol.runs import received
 from wcached.protocol.wire import MAX_REPLY_BYTES, Channel, PeerClosed, connect, prepare_decoding
 
 # At import (an engine imports its loader plugin long before it attaches).
@@ -161,6 +165,9 @@ class DaemonConnection:
             raise ProtocolError(f"daemon at {self.path} closed the connection") from None
         if isinstance(reply, ErrorReply):
             raise error_for_code(reply.code, reply.message)
+        if isinstance(reply, Attached) and reply.manifest.runs:
+            # The manifest as every client reads it, however it travelled.
+            reply = msgspec.structs.replace(reply, manifest=received(reply.manifest))
         return reply
 
     def request(self, msg: object) -> object:

@@ -39,7 +39,6 @@ from wcached.errors import (
     WcacheError,
 )
 from wcached.protocol.messages import Attach, Attached
-from wcached.protocol.runs import received
 from wcached.protocol.wire import close_fds
 
 if TYPE_CHECKING:
@@ -136,7 +135,7 @@ class LeaseWatch:
             same = False
             if isinstance(reply, Attached):
                 close_fds(conn.chan.recv_fds(reply.fd_count, timeout=conn.timeout))
-                same = received(reply.manifest) == self.attachment.manifest
+                same = reply.manifest == self.attachment.manifest
         except (OSError, WcacheError) as e:
             if conn is not None:
                 conn.close()

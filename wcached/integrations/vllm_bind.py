@@ -22,6 +22,7 @@ from wcached.errors import ReadOnlyWeights, WcacheError
 from wcached.integrations.vllm import READ_ONLY, PluginOptions, disk_loader, log
 from wcached.loaders.base import get_loader
 from wcached.loaders.vllm.key import PROCESSED_GUARD, expected_fields, role_of
+from wcached.protocol.runs import runs_of
 
 # Attachments made by get_external_weight_memory, taken by load_model (vLLM
 # builds a new loader object for each call).
@@ -286,7 +287,8 @@ def register_all(model: nn.Module, att: Any, strict: bool, skip: set[str], copy:
     have is an error, not a new parameter."""
     modules = dict(model.named_modules(remove_duplicate=False))
     registered: dict[str, torch.Tensor] = {}
-    entries = att.manifest.tensors
+    # By run: a manifest that came as runs makes no entry per tensor here.
+    runs = runs_of(att.manifest)
 
     def put(name: str, obj: torch.Tensor, is_param: bool) -> None:
         module_name, _, leaf = name.rpartition(".")
@@ -308,25 +310,27 @@ def register_all(model: nn.Module, att: Any, strict: bool, skip: set[str], copy:
             module.register_buffer(leaf, obj)
         registered[name] = obj
 
-    for e in entries:
-        if e.alias_of is None:
-            t = att.tensors[e.name]
-            if e.kind == "param":
-                # Zero copy: the engine computes from the daemon's read-only
-                # pages; copy mode: from its own memory.
-                put(e.name, nn.Parameter(t.clone() if copy else t, requires_grad=False), True)
-            else:
-                # Buffers (KV-cache scales, rotary caches) are small, and
-                # post-processing updates some of them in place: the engine
-                # gets its own copy.
-                put(e.name, t.clone(), False)
-    for e in entries:
-        if e.alias_of is not None:
-            if e.alias_of not in registered:
-                raise WcacheError(f"attached tensor {e.name} ties to {e.alias_of}, which the cache lacks")
-            # The same object: a tie stays a tie.
-            obj = registered[e.alias_of]
-            put(e.name, obj, isinstance(obj, nn.Parameter))
+    for run in runs:
+        if run.alias_of is None:
+            for name in run.names:
+                t = att.tensors[name]
+                if run.kind == "param":
+                    # Zero copy: the engine computes from the daemon's read-only
+                    # pages; copy mode: from its own memory.
+                    put(name, nn.Parameter(t.clone() if copy else t, requires_grad=False), True)
+                else:
+                    # Buffers (KV-cache scales, rotary caches) are small, and
+                    # post-processing updates some of them in place: the engine
+                    # gets its own copy.
+                    put(name, t.clone(), False)
+    for run in runs:
+        if run.alias_of is not None:
+            for name in run.names:
+                if run.alias_of not in registered:
+                    raise WcacheError(f"attached tensor {name} ties to {run.alias_of}, which the cache lacks")
+                # The same object: a tie stays a tie.
+                obj = registered[run.alias_of]
+                put(name, obj, isinstance(obj, nn.Parameter))
 
 
 def _check_like(name: str, obj: torch.Tensor, placeholder: torch.Tensor, strides: bool = True) -> None:
@@ -419,7 +423,7 @@ WORKER_CLS = "wcached.integrations.vllm_worker.Worker"
 def mapped_weight_bytes(manifest: Any) -> int:
     """Device bytes an engine maps from the daemon and does not copy: the
     parameters (buffers are copied into the engine's own memory)."""
-    return sum(t.nbytes for t in manifest.tensors if t.alias_of is None and t.kind == "param")
+    return sum(r.nbytes * len(r.names) for r in runs_of(manifest) if r.alias_of is None and r.kind == "param")
 
 
 def _advise_memory(vllm_config: Any, att: Any) -> None:
