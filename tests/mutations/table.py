@@ -141,7 +141,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "client trusts any daemon user",
         "wcached/client/connection.py",
-        "    if uid not in trusted_daemon_uids(users):",
+        "    if uid not in (0, os.geteuid()) and uid not in trusted_daemon_uids(users):",
         "    if False:",
         ("tests/client/test_connection.py::test_socket_served_by_an_untrusted_user_is_refused",),
         function="check_daemon_peer",
@@ -553,8 +553,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "a client trusts any daemon user",
         "wcached/client/connection.py",
-        "    if uid not in trusted_daemon_uids(users):",
-        "    if uid not in trusted_daemon_uids(users) and uid == -1:",
+        "    if uid not in (0, os.geteuid()) and uid not in trusted_daemon_uids(users):",
+        "    if uid not in (0, os.geteuid()) and uid not in trusted_daemon_uids(users) and uid == -1:",
         (
             "tests/daemon/test_own_user.py::test_a_client_trusts_a_daemon_of_its_own_user_and_root_only_when_told",
         ),
