@@ -63,6 +63,10 @@ def test_entries_outside_the_segment_are_refused() -> None:
     run = [_entry("a", 0), _entry("b", 512), _entry("c", 1024)]
     with pytest.raises(ProtocolError, match="'c' lies outside"):
         build_views(_manifest(run, 1024), [raw])
+    # A run of exactly two, its second member 8 bytes past the end.
+    pair = [_entry("p", 0), _entry("q", 1008)]
+    with pytest.raises(ProtocolError, match="'q' lies outside"):
+        build_views(_manifest(pair, 1024), [raw])
 
 
 def _reference_views(manifest: Manifest, segments: list[torch.Tensor]) -> dict[str, torch.Tensor]:
