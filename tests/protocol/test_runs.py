@@ -114,6 +114,7 @@ def test_a_client_below_version_3_gets_entries() -> None:
     [
         (TensorRun("bfloat16", (2,), (1,), 0, 0, 0, 4, "param", []), "names no tensor"),
         (TensorRun("bfloat16", (2,), (1,), 0, 0, 4, 4, "param", ["a", "b"], ["d"]), "1 digests for 2"),
+        (TensorRun("bfloat16", (2,), (1,), 0, 0, 4, 4, "param", ["a", "b"], list("def")), "3 digests for 2"),
         (TensorRun("bfloat16", (2,), (1,), 0, 0, 0, 4, "param", ["a", "b"]), "positive step"),
         (TensorRun("bfloat16", (2,), (1,), 0, 64, -4, 4, "param", ["a", "b"]), "positive step"),
         (TensorRun("bfloat16", (2,), (1,), 0, 0, 4, 4, "param", ["a", "b"], [], "x"), "no alias"),
