@@ -203,11 +203,13 @@ def test_a_corrupted_manifest_shape_is_refused_at_bind_naming_the_tensor(outcome
 def test_daemons_of_the_previous_and_next_protocol_are_attached(outcomes: dict) -> None:
     assert outcomes["previous_protocol"]["outcome"] == "cache", outcomes["previous_protocol"]
     assert outcomes["next_protocol"]["outcome"] == "cache", outcomes["next_protocol"]
-    # To the version-1 daemon: refused at 2, attached at exactly 1, no range.
+    from wcached.protocol.messages import PROTOCOL_VERSION
+
+    # To the version-1 daemon: refused at this release's version, attached at exactly 1, no range.
     v1 = outcomes["_hellos"]["v1"]
-    assert [h["version"] for h in v1[:2]] == [2, 1] and "min_version" not in v1[1], v1
+    assert [h["version"] for h in v1[:2]] == [PROTOCOL_VERSION, 1] and "min_version" not in v1[1], v1
     # To the later one: this release's highest version.
-    assert outcomes["_hellos"]["next"][0]["version"] == 2
+    assert outcomes["_hellos"]["next"][0]["version"] == PROTOCOL_VERSION
 
 
 def test_zero_copy_refuses_weight_writes_and_copy_mode_owns_its_weights(outcomes: dict) -> None:
