@@ -69,7 +69,8 @@ def _attachment(tensors: dict[str, torch.Tensor]) -> SimpleNamespace:
         )
         for n, t in tensors.items()
     ]
-    return SimpleNamespace(manifest=SimpleNamespace(tensors=entries), tensors=tensors)
+    # As an earlier daemon sends it: entries, no runs (the bind groups them).
+    return SimpleNamespace(manifest=SimpleNamespace(tensors=entries, runs=[]), tensors=tensors)
 
 
 def test_a_tensor_laid_out_as_the_parameter_is_bound_in_place(bind) -> None:
