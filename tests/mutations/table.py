@@ -141,7 +141,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "client trusts any daemon user",
         "wcached/client/connection.py",
-        "    if uid not in (0, os.geteuid()) and uid not in trusted_daemon_uids(users):",
+        "    if uid not in always_trusted_uids() and uid not in daemon_user_uids(users):",
         "    if False:",
         ("tests/client/test_connection.py::test_socket_served_by_an_untrusted_user_is_refused",),
         function="check_daemon_peer",
@@ -545,16 +545,16 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "a client does not trust a daemon of its own user",
         "wcached/client/connection.py",
-        "    uids = {0, os.geteuid()}",
-        "    uids = {0}",
+        "    return {0, os.geteuid()}",
+        "    return {0}",
         ("tests/daemon/test_own_user.py::test_the_daemons_own_user_attaches_and_administers",),
-        function="trusted_daemon_uids",
+        function="always_trusted_uids",
     ),
     Mutation(
         "a client trusts any daemon user",
         "wcached/client/connection.py",
-        "    if uid not in (0, os.geteuid()) and uid not in trusted_daemon_uids(users):",
-        "    if uid not in (0, os.geteuid()) and uid not in trusted_daemon_uids(users) and uid == -1:",
+        "    if uid not in always_trusted_uids() and uid not in daemon_user_uids(users):",
+        "    if uid not in always_trusted_uids() and uid not in daemon_user_uids(users) and uid == -1:",
         (
             "tests/daemon/test_own_user.py::test_a_client_trusts_a_daemon_of_its_own_user_and_root_only_when_told",
         ),

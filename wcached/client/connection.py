@@ -55,20 +55,30 @@ DAEMON_USERS_ENV = "WCACHED_DAEMON_USERS"
 DEFAULT_DAEMON_USERS = (defaults.DAEMON_USER,)
 
 
-def trusted_daemon_uids(users: Sequence[str] | None = None) -> set[int]:
-    """Root, this process's user, and the daemon users (``users``, else
-    ``$WCACHED_DAEMON_USERS`` comma-separated, else ``wcache``); names that do
-    not exist on this host are left out."""
+def always_trusted_uids() -> set[int]:
+    """Root and this process's user: trusted as a daemon whatever the list."""
+    return {0, os.geteuid()}
+
+
+def daemon_user_uids(users: Sequence[str] | None = None) -> set[int]:
+    """The daemon users (``users``, else ``$WCACHED_DAEMON_USERS``
+    comma-separated, else ``wcache``); names that do not exist on this host
+    are left out."""
     if users is None:
         env = os.environ.get(DAEMON_USERS_ENV)
         users = [u.strip() for u in env.split(",") if u.strip()] if env else DEFAULT_DAEMON_USERS
-    uids = {0, os.geteuid()}
+    uids: set[int] = set()
     for name in users:
         try:
             uids.add(int(name) if name.isdigit() else pwd.getpwnam(name).pw_uid)
         except KeyError:
             pass
     return uids
+
+
+def trusted_daemon_uids(users: Sequence[str] | None = None) -> set[int]:
+    """Every uid this client accepts a daemon socket from."""
+    return always_trusted_uids() | daemon_user_uids(users)
 
 
 def check_daemon_peer(sock: socket.socket, path: str, users: Sequence[str] | None = None) -> int:
@@ -79,7 +89,7 @@ def check_daemon_peer(sock: socket.socket, path: str, users: Sequence[str] | Non
     pid, uid, _ = struct.unpack("3i", raw)
     # Root and this user are trusted whatever the list: no user database
     # lookup (NSS can take milliseconds) on an engine's attach path.
-    if uid not in (0, os.geteuid()) and uid not in trusted_daemon_uids(users):
+    if uid not in always_trusted_uids() and uid not in daemon_user_uids(users):
         raise PermissionRefused(
             f"{path} is served by uid {uid} (pid {pid}), not by root, this user or a daemon user "
             f"(${DAEMON_USERS_ENV}, default {','.join(DEFAULT_DAEMON_USERS)}); refusing to use it"
