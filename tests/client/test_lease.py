@@ -68,7 +68,21 @@ def test_one_watcher_for_all_attachments_and_a_planned_restart_is_no_warning(
             _wait_reattached(target, draft)
         messages = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "wcached.client"]
         assert not [m for level, m in messages if level >= logging.WARNING], messages
-        assert sum("ended the lease" in m for _, m in messages) == 2, messages
+        # What journalctl shows of a routine restart: for each model, that
+        # its lease ended at which socket, then that it is back, and how soon.
+        for model in ("target", "draft"):
+            assert (
+                logging.INFO,
+                f"wcached: the daemon at {d.socket_path} ended the lease on {model} "
+                "(stopped or restarting); attaching again",
+            ) in messages, messages
+            back = [m for _, m in messages if m.startswith(f"wcached: attached again to {model} at ")]
+            assert len(back) == 1, messages
+            assert back[0].startswith(f"wcached: attached again to {model} at {d.socket_path} after "), back
+            assert back[0].endswith(" s: the same memory, tensors unchanged"), back
+            away = float(back[0].rsplit(" after ", 1)[1].split(" s:", 1)[0])
+            assert 0.0 <= away < 20.0, back
+        assert target.watch.reattached == draft.watch.reattached == 1
         with DaemonConnection(d.socket_path) as conn:
             mine = [c for c in conn.status().clients if c.pid == os.getpid()]
         assert sorted(m for c in mine for m in c.models) == ["draft", "target"]
@@ -163,6 +177,14 @@ def test_a_daemon_away_too_long_is_a_warning_and_its_return_too(
             _wait_reattached(a)
         warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
         assert len(warnings) == 2 and "attached again" in warnings[1], warnings
+        # The warning says why it is not back (the last attempt's error), and
+        # the return how long the daemon was away (more than WARN_AFTER_S).
+        assert warnings[0].startswith(f"wcached: the daemon at {d.socket_path} is not back after "), warnings
+        assert f"(no daemon socket at {d.socket_path})" in warnings[0] or "refuses connections" in warnings[0]
+        assert warnings[0].endswith("this process keeps its weights of default and attaches again when it is")
+        away = float(warnings[1].rsplit(" after ", 1)[1].split(" s:", 1)[0])
+        assert 0.5 <= away < 30.0, warnings
+        assert a.watch.reattached == 1
     finally:
         a.close()
         d.stop()
@@ -270,7 +292,10 @@ def test_a_daemon_that_refilled_in_another_layout_is_not_taken_for_the_same_memo
             assert new.manifest != a.manifest
         client = [r for r in caplog.records if r.name == "wcached.client"]
         warnings = [r.getMessage() for r in client if r.levelno >= logging.WARNING]
-        assert len(warnings) == 1 and "now holds another fill of default" in warnings[0], warnings
+        assert warnings == [
+            f"wcached: the daemon at {d.socket_path} now holds another fill of default; this process "
+            "keeps its weights without a lease (attach again to use the new fill)"
+        ]
         assert a.watch.reattached == 0
         with DaemonConnection(d.socket_path) as conn:
             assert os.getpid() not in [c.pid for c in conn.status().clients]
