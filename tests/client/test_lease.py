@@ -3,6 +3,7 @@ process, quiet about planned restarts, patient with a daemon coming back."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import shutil
@@ -391,3 +392,111 @@ def test_a_daemon_that_writes_to_an_attached_connection_is_no_longer_watched(
         f"wcached: the daemon at {work / 'fake' / 'cpu0.sock'} wrote to an attached connection; "
         "no longer watching the lease"
     ]
+
+
+def _stand_in_at(path: str, answer) -> tuple[socket.socket, threading.Thread, list[float]]:
+    """Something at a gone daemon's socket: every connection is accepted, the
+    time noted, and handed to ``answer``; closed when the listener is."""
+    if os.path.exists(path):
+        os.unlink(path)
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(16)
+    accepted: list[float] = []
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            accepted.append(time.monotonic())
+            with conn:
+                answer(conn)
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    return server, t, accepted
+
+
+def test_attempts_to_attach_again_back_off_to_the_longest_delay(
+    work: Path, ckpt: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the daemon is away, each failed attempt waits twice as long as
+    the one before, from FIRST_RETRY_S up to RETRY_MAX_S: a restart is caught
+    within milliseconds, and a daemon away for long is not hammered."""
+    from wcached.client import lease
+
+    monkeypatch.setattr(lease, "RETRY_MAX_S", 0.8)
+    cfg = tied_model_config(work, ckpt, "64KiB")
+    d = _up(cfg)
+    a = attach("default", "cpu0", socket_dir=d.socket_dir)
+    # A connection cut before the welcome: "not now", as a daemon starting up.
+    server, t, accepted = _stand_in_at(d.socket_path, lambda conn: None)
+    try:
+        d.stop(signal.SIGKILL)
+        d.notify.close(keep_store=True)
+        deadline = time.monotonic() + 20
+        while len(accepted) < 7:
+            assert time.monotonic() < deadline, accepted
+            time.sleep(0.05)
+        gaps = [later - earlier for earlier, later in itertools.pairwise(accepted)][:6]
+        # Doubling: 0.05, 0.1, 0.2, 0.4, then 0.8 and no longer. The bounds
+        # allow for a loaded machine's scheduling, not for another rule.
+        assert 0.03 <= gaps[0] < 0.09, gaps
+        assert 0.08 <= gaps[1] < 0.15, gaps
+        assert 0.18 <= gaps[2] < 0.3, gaps
+        assert 0.38 <= gaps[3] < 0.6, gaps
+        assert all(0.78 <= g < 1.1 for g in gaps[4:]), gaps
+        assert a.watch.watching and a.watch.reattached == 0
+    finally:
+        server.close()
+        t.join(10)
+        a.close()
+        d.notify.close()
+
+
+def test_a_daemon_back_speaking_another_protocol_ends_the_watch_with_one_warning(
+    work: Path, ckpt: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A daemon upgraded to a protocol this client does not speak: waiting
+    cannot help, so the watch ends at once with one warning naming both
+    versions, and the engine keeps its weights."""
+    from wcached.protocol.messages import MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, Request, Welcome
+    from wcached.protocol.wire import Channel
+
+    def newer(conn: socket.socket) -> None:
+        chan = Channel(conn, Request)
+        chan.recv(65536, idle_timeout=5, frame_timeout=5)  # hello
+        chan.send(Welcome(version=99, instance="cpu0", device="host memory", daemon_version="99", pid=1))
+
+    cfg = tied_model_config(work, ckpt, "64KiB")
+    d = _up(cfg)
+    a = attach("default", "cpu0", socket_dir=d.socket_dir)
+    first = a.tensors["embed.weight"].clone()
+    server, t, accepted = _stand_in_at(d.socket_path, newer)
+    try:
+        with caplog.at_level(logging.INFO, "wcached.client"):
+            d.stop(signal.SIGKILL)
+            d.notify.close()
+            deadline = time.monotonic() + 20
+            while a.watch.watching:
+                assert time.monotonic() < deadline, [r.getMessage() for r in caplog.records]
+                time.sleep(0.05)
+            time.sleep(0.3)  # long enough for attempts that should not come
+        warnings = [
+            r.getMessage()
+            for r in caplog.records
+            if r.name == "wcached.client" and r.levelno >= logging.WARNING
+        ]
+        assert warnings == [
+            f"wcached: cannot attach to default again (daemon chose protocol 99, this client speaks "
+            f"{MIN_PROTOCOL_VERSION}..{PROTOCOL_VERSION}); keeping the weights without a lease"
+        ], warnings
+        # One attempt: its greeting, and the version-1 greeting it falls back to.
+        assert len(accepted) <= 2, accepted
+        assert a.tensors["embed.weight"].equal(first)
+    finally:
+        server.close()
+        t.join(10)
+        a.close()

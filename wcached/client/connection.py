@@ -115,6 +115,7 @@ class DaemonConnection:
         deadline = time.monotonic() + timeout
         delay = 0.05
         version = PROTOCOL_VERSION
+        mismatch: VersionMismatch | None = None
         while True:
             try:
                 self._connect(path, timeout, client, daemon_users, version)
@@ -124,11 +125,13 @@ class DaemonConnection:
                     raise
                 time.sleep(delay)
                 delay = min(0.5, delay * 2)
-            except VersionMismatch:
+            except VersionMismatch as e:
                 # A version-1 daemon wants exactly 1 and knows no range:
-                # greet it the way it understands.
-                if version == 1 or MIN_PROTOCOL_VERSION > 1:
-                    raise
+                # greet it the way it understands. If that fails too, the
+                # first answer says what the daemon and this client speak.
+                if mismatch is not None or MIN_PROTOCOL_VERSION > 1:
+                    raise mismatch or e from None
+                mismatch = e
                 version = 1
 
     def _connect(
