@@ -5,11 +5,12 @@ import socket
 import struct
 import threading
 
+import msgspec
 import pytest
 
 from wcached.errors import DaemonUnavailable, FrameTooLarge, ProtocolError, TimeoutExpired
 from wcached.protocol.messages import Hello, Request, StatusRequest
-from wcached.protocol.wire import MAX_REQUEST_BYTES, Channel, PeerClosed, close_fds, connect
+from wcached.protocol.wire import MAX_REQUEST_BYTES, Channel, Deadline, PeerClosed, close_fds, connect
 
 
 @pytest.fixture
@@ -96,3 +97,111 @@ def test_connect_to_missing_socket(tmp_path) -> None:
     s.close()
     with pytest.raises(DaemonUnavailable, match="refuses"):
         connect(str(stale), 1)
+
+
+def test_a_frame_of_exactly_the_limit_is_read(pair) -> None:
+    a, b = pair
+    body = msgspec.msgpack.encode(Hello(version=1, client="x" * 100))
+    a.sendall(struct.pack(">I", len(body)) + body)
+    assert Channel(b, Request).recv(len(body), frame_timeout=1) == Hello(version=1, client="x" * 100)
+    a.sendall(struct.pack(">I", len(body)) + body)
+    with pytest.raises(
+        FrameTooLarge, match=f"frame of {len(body)} bytes exceeds the limit of {len(body) - 1}"
+    ):
+        Channel(b, Request).recv(len(body) - 1, frame_timeout=1)
+
+
+def _open_fds() -> set[int]:
+    return {int(n) for n in os.listdir("/proc/self/fd")}
+
+
+def _pipes(n: int) -> list[int]:
+    fds = []
+    for _ in range(n):
+        r, w = os.pipe()
+        os.close(w)
+        fds.append(r)
+    return fds
+
+
+@pytest.mark.parametrize(
+    "send, error",
+    [
+        # fds under another byte than the marker
+        (lambda s, fds: socket.send_fds(s, [b"X"], fds[:2]), "expected an fd batch marker"),
+        # a marker that carries no fds
+        (lambda s, fds: s.sendall(b"F"), "expected an fd batch marker"),
+        # one batch of the two announced, then the peer goes
+        (
+            lambda s, fds: (socket.send_fds(s, [b"F"], fds[:253]), s.shutdown(socket.SHUT_WR)),
+            "closed after 253 of 300",
+        ),
+    ],
+    ids=["wrong-marker", "marker-without-fds", "closed-part-way"],
+)
+def test_a_bad_fd_batch_is_a_protocol_error_and_leaves_no_fd_open(pair, send, error) -> None:
+    """Whatever fds a peer managed to pass before its batch went wrong are
+    closed: an engine that keeps running must not hold memory it never mapped."""
+    a, b = pair
+    fds = _pipes(300)
+    before = _open_fds()
+    send(a, fds)
+    with pytest.raises(ProtocolError, match=error):
+        Channel(b, Request).recv_fds(300, timeout=2)
+    assert _open_fds() == before
+    close_fds(fds)
+
+
+def test_fds_that_stop_coming_time_out_and_leave_no_fd_open(pair) -> None:
+    a, b = pair
+    fds = _pipes(2)
+    before = _open_fds()
+    socket.send_fds(a, [b"F"], fds[:1])
+    with pytest.raises(TimeoutExpired, match=r"waiting for fds \(1 of 2\)"):
+        Channel(b, Request).recv_fds(2, timeout=0.2)
+    assert _open_fds() == before
+    close_fds(fds)
+
+
+def test_a_peer_that_does_not_read_times_the_send_out(pair) -> None:
+    a, _ = pair
+    big = Hello(version=1, client="x" * (8 << 20))  # more than the socket buffers hold
+    with pytest.raises(TimeoutExpired, match="did not read a"):
+        Channel(a, Request).send(big, timeout=0.2)
+
+
+def test_no_deadline_never_passes() -> None:
+    assert Deadline(None).remaining() is None
+    assert 0 < Deadline(5).remaining() <= 5
+    with pytest.raises(TimeoutExpired):
+        Deadline(0).remaining()
+
+
+def test_connect_waits_out_a_full_backlog_until_its_timeout(tmp_path) -> None:
+    """A daemon busy accepting has a full listen backlog: a client keeps
+    trying until its timeout, and gets in once the daemon accepts."""
+    path = str(tmp_path / "busy.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(0)
+    queued = []
+    try:
+        # Fill the backlog (non-blocking connects that the kernel queues).
+        while True:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.setblocking(False)
+            try:
+                s.connect(path)
+            except BlockingIOError:
+                s.close()
+                break
+            queued.append(s)
+        with pytest.raises(DaemonUnavailable, match="timed out connecting"):
+            connect(path, 0.2)
+        threading.Timer(0.3, lambda: [server.accept()[0].close() for _ in queued]).start()
+        conn = connect(path, 5)
+        conn.close()
+    finally:
+        for s in queued:
+            s.close()
+        server.close()
