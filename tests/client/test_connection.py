@@ -21,18 +21,29 @@ SQUATTER = textwrap.dedent(
     import socket, sys, time
     s = socket.socket(socket.AF_UNIX)
     s.bind(sys.argv[1])
-    s.listen(1)
+    s.listen(4)
     open(sys.argv[1] + ".up", "w").close()
-    c, _ = s.accept()
-    time.sleep(5)
+    for _ in range(int(sys.argv[2])):
+        c, _ = s.accept()
+        c.settimeout(5)
+        try:
+            c.recv(4096)  # a hello, from a client that trusted it
+        except OSError:
+            pass
+        c.close()  # and no welcome: that client gets "closed"
     """
 )
 
 
 def test_socket_served_by_an_untrusted_user_is_refused(work: Path) -> None:
+    """Refused unless the client's daemon users name the socket's user, by
+    name or by uid (then it is greeted: here, the squatter hangs up)."""
     require_other_users()
+    import pwd
     import subprocess
     import threading
+
+    from wcached.errors import ProtocolError
 
     run = work / "squat"
     run.mkdir(mode=0o777)
@@ -40,7 +51,9 @@ def test_socket_served_by_an_untrusted_user_is_refused(work: Path) -> None:
     path = str(run / "cpu0.sock")
     result: dict = {}
     t = threading.Thread(
-        target=lambda: result.update(r=run_as("nobody", [sys.executable, "-c", SQUATTER, path], timeout=30))
+        target=lambda: result.update(
+            r=run_as("nobody", [sys.executable, "-c", SQUATTER, path, "3"], timeout=30)
+        )
     )
     t.start()
     deadline = time.monotonic() + 20
@@ -49,6 +62,10 @@ def test_socket_served_by_an_untrusted_user_is_refused(work: Path) -> None:
         time.sleep(0.05)
     with pytest.raises(PermissionRefused, match=r"served by uid \d+ .* refusing to use it"):
         DaemonConnection(path, timeout=5, daemon_users=["wcache"])
+    nobody = pwd.getpwnam("nobody").pw_uid
+    for users in (["nobody"], [str(nobody)]):
+        with pytest.raises(ProtocolError, match="closed the connection"):
+            DaemonConnection(path, timeout=5, daemon_users=users)
     t.join(30)
     assert isinstance(result["r"], subprocess.CompletedProcess)
 
@@ -59,8 +76,29 @@ def test_trusted_daemon_users_from_the_environment(monkeypatch) -> None:
     nobody = pwd.getpwnam("nobody").pw_uid
     monkeypatch.setenv("WCACHED_DAEMON_USERS", "nobody, no-such-user")
     assert trusted_daemon_uids() == {0, os.geteuid(), nobody}
+    # Named by uid, or by the caller (who wins over the environment).
+    monkeypatch.setenv("WCACHED_DAEMON_USERS", "4242")
+    assert trusted_daemon_uids() == {0, os.geteuid(), 4242}
+    assert trusted_daemon_uids(["nobody"]) == {0, os.geteuid(), nobody}
     monkeypatch.delenv("WCACHED_DAEMON_USERS")
     assert nobody not in trusted_daemon_uids()
+
+
+def test_the_socket_directory_comes_from_the_argument_the_config_in_effect_or_the_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from wcached import defaults
+    from wcached.client.connection import find_socket_dir
+
+    cfg = tmp_path / "wcached.toml"
+    cfg.write_text('[daemon]\nsocket_dir = "/srv/sockets"\n')
+    assert find_socket_dir("/given", str(cfg)) == "/given"
+    assert find_socket_dir(None, str(cfg)) == "/srv/sockets"
+    # No --config: the file $WCACHED_CONFIG names, when there is one.
+    monkeypatch.setenv(defaults.CONFIG_ENV, str(cfg))
+    assert find_socket_dir(None, None) == "/srv/sockets"
+    monkeypatch.setenv(defaults.CONFIG_ENV, str(tmp_path / "none.toml"))
+    assert find_socket_dir(None, None) == defaults.SOCKET_DIR
 
 
 def _attach_through(mode: str, work: Path, tmp_path: Path) -> tuple[int, list]:
