@@ -154,3 +154,32 @@ print(len(calls))
 """
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "0", out.stdout + out.stderr
+
+
+def test_a_client_at_max_clients_waits_for_a_slot_until_its_timeout(work: Path, sharded_ckpt: Path) -> None:
+    """A daemon at max_clients answers busy: the client tries again, with a
+    delay that grows to 0.5 s, and is in soon after a slot frees; with none
+    freed it gives up at its timeout, not at the first answer."""
+    import threading
+
+    from tests.helpers import run_daemon, write_config
+    from wcached.errors import Busy
+
+    cfg = write_config(
+        work / "wcached.toml",
+        models=[{"name": "default", "path": str(sharded_ckpt)}],
+        daemon={"socket_dir": str(work / "run"), "max_clients": 1, "connection_timeout_s": 30.0},
+    )
+    with run_daemon(cfg) as d:
+        first = DaemonConnection(d.socket_path, timeout=5)
+        started = time.monotonic()
+        with pytest.raises(Busy, match="too many clients"):
+            DaemonConnection(d.socket_path, timeout=0.6)
+        # (Tries at 0, 0.05, 0.15 and 0.35 s; the next would pass the timeout.)
+        assert 0.3 <= time.monotonic() - started < 2.0
+        threading.Timer(1.0, first.close).start()
+        started = time.monotonic()
+        with DaemonConnection(d.socket_path, timeout=10) as second:
+            waited = time.monotonic() - started
+            assert second.status().state == "serving"
+        assert 0.9 <= waited < 2.5, waited
