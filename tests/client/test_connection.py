@@ -131,6 +131,118 @@ def test_a_version_1_daemon_is_greeted_again_at_version_1(work: Path, tmp_path: 
 def test_a_later_daemon_with_unknown_fields_is_attached(work: Path, tmp_path: Path) -> None:
     version, hellos = _attach_through("next", work, tmp_path)
     assert version == PROTOCOL_VERSION and hellos[0]["version"] == PROTOCOL_VERSION
+    # Unnamed, a client is its program and pid in the daemon's log and status.
+    assert hellos[0]["client"] == f"{os.path.basename(sys.argv[0])}[{os.getpid()}]"
+
+
+def _answering(path: str, replies: list, connections: int = 1) -> list:
+    """A stand-in daemon at ``path``: ``connections`` connections, on each a
+    request answered with each of ``replies`` in turn (bytes are sent as
+    they are), then held open a while; returns the requests it got."""
+    import socket
+    import threading
+
+    from wcached.protocol.messages import Request
+    from wcached.protocol.wire import Channel
+
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(connections)
+    got: list = []
+
+    def serve() -> None:
+        with server:
+            for _ in range(connections):
+                conn, _ = server.accept()
+                with conn:
+                    chan = Channel(conn, Request)
+                    for reply in replies:
+                        got.append(chan.recv(65536, idle_timeout=5, frame_timeout=5))
+                        if isinstance(reply, bytes):
+                            conn.sendall(reply)
+                        else:
+                            chan.send(reply)
+                    time.sleep(2)
+
+    threading.Thread(target=serve, daemon=True).start()
+    return got
+
+
+def _welcome(version: int = PROTOCOL_VERSION):
+    from wcached.protocol.messages import Welcome
+
+    return Welcome(version=version, instance="cpu0", device="host memory", daemon_version="t", pid=1)
+
+
+def test_a_reply_of_the_wrong_kind_is_a_protocol_error_naming_it(tmp_path: Path) -> None:
+    """A daemon (of another release, or not one) that answers with another
+    message than the request's is refused, naming what it sent."""
+    from wcached.errors import ProtocolError
+    from wcached.protocol.messages import Released, StatusReply
+
+    _answering(str(tmp_path / "a.sock"), [Released(model="m", attached_clients=0)])
+    with pytest.raises(ProtocolError, match=r"^expected welcome, got Released$"):
+        DaemonConnection(str(tmp_path / "a.sock"), timeout=5)
+    _answering(str(tmp_path / "b.sock"), [_welcome(), Released(model="m", attached_clients=0)])
+    with DaemonConnection(str(tmp_path / "b.sock"), timeout=5) as conn:
+        with pytest.raises(ProtocolError, match=r"^expected status_reply, got Released$"):
+            conn.status()
+    status = StatusReply(
+        instance="cpu0",
+        device="host memory",
+        backend="host",
+        state="serving",
+        pid=1,
+        daemon_version="t",
+        uptime_s=1.0,
+        models=[],
+        clients=[],
+    )
+    _answering(str(tmp_path / "c.sock"), [_welcome(), status])
+    with DaemonConnection(str(tmp_path / "c.sock"), timeout=5) as conn:
+        with pytest.raises(ProtocolError, match=r"^expected released, got StatusReply$"):
+            conn.release("m")
+
+
+def test_a_daemon_that_chose_a_version_this_client_does_not_speak_is_refused(tmp_path: Path) -> None:
+    """Greeted at this release's range and again at version 1, it chose a
+    later version both times: the error says what each side speaks."""
+    from wcached.errors import VersionMismatch
+    from wcached.protocol.messages import MIN_PROTOCOL_VERSION
+
+    hellos = _answering(str(tmp_path / "a.sock"), [_welcome(PROTOCOL_VERSION + 1)], connections=2)
+    with pytest.raises(VersionMismatch) as e:
+        DaemonConnection(str(tmp_path / "a.sock"), timeout=2)
+    assert str(e.value) == (
+        f"daemon chose protocol {PROTOCOL_VERSION + 1}, "
+        f"this client speaks {MIN_PROTOCOL_VERSION}..{PROTOCOL_VERSION}"
+    )
+    assert [h.version for h in hellos] == [PROTOCOL_VERSION, 1]
+
+
+def test_a_daemon_that_stops_answering_times_the_client_out(tmp_path: Path) -> None:
+    """Accepted and never welcomed, or welcomed and then silent mid-reply:
+    the client gives up at its timeout, naming where it waited."""
+    import socket
+
+    from wcached.errors import TimeoutExpired
+    from wcached.protocol.wire import HEADER
+
+    silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    silent.bind(str(tmp_path / "silent.sock"))
+    silent.listen(1)
+    started = time.monotonic()
+    with pytest.raises(TimeoutExpired, match="waiting for a frame"):
+        DaemonConnection(str(tmp_path / "silent.sock"), timeout=0.5)
+    assert time.monotonic() - started < 3
+    silent.close()
+    # A reply that starts and never ends: the frame's own deadline.
+    _answering(str(tmp_path / "half.sock"), [_welcome(), HEADER.pack(100) + b"ab"])
+    with DaemonConnection(str(tmp_path / "half.sock"), timeout=0.5) as conn:
+        started = time.monotonic()
+        with pytest.raises(TimeoutExpired, match="inside a frame"):
+            conn.status()
+        assert time.monotonic() - started < 1.5
 
 
 def test_the_replies_types_are_resolved_when_the_client_is_imported() -> None:
