@@ -441,13 +441,14 @@ def test_attempts_to_attach_again_back_off_to_the_longest_delay(
             assert time.monotonic() < deadline, accepted
             time.sleep(0.05)
         gaps = [later - earlier for earlier, later in itertools.pairwise(accepted)][:6]
-        # Doubling: 0.05, 0.1, 0.2, 0.4, then 0.8 and no longer. The bounds
-        # allow for a loaded machine's scheduling, not for another rule.
-        assert 0.03 <= gaps[0] < 0.09, gaps
-        assert 0.08 <= gaps[1] < 0.15, gaps
-        assert 0.18 <= gaps[2] < 0.3, gaps
-        assert 0.38 <= gaps[3] < 0.6, gaps
-        assert all(0.78 <= g < 1.1 for g in gaps[4:]), gaps
+        # Doubling: 0.05, 0.1, 0.2, 0.4, then 0.8 and no longer. A loaded
+        # machine only lengthens a gap, so the lower bounds are the rule's and
+        # the upper ones leave room (a factor of 3 would reach 0.8 at the 4th).
+        assert 0.03 <= gaps[0] < 0.3, gaps
+        assert 0.08 <= gaps[1] < 0.35, gaps
+        assert 0.18 <= gaps[2] < 0.5, gaps
+        assert 0.38 <= gaps[3] < 0.75, gaps
+        assert all(0.78 <= g < 1.3 for g in gaps[4:]), gaps
         assert a.watch.watching and a.watch.reattached == 0
     finally:
         server.close()

@@ -152,6 +152,19 @@ def test_a_bad_fd_batch_is_a_protocol_error_and_leaves_no_fd_open(pair, send, er
     close_fds(fds)
 
 
+def test_more_fds_in_a_batch_than_announced_is_a_protocol_error_and_leaves_no_fd_open(pair) -> None:
+    """The kernel truncates a batch with more fds than the receiver made room
+    for (as it does when RLIMIT_NOFILE is too low): refused, none kept."""
+    a, b = pair
+    fds = _pipes(3)
+    before = _open_fds()
+    socket.send_fds(a, [b"F"], fds)
+    with pytest.raises(ProtocolError, match=r"^fd batch truncated \(RLIMIT_NOFILE too low\?\)$"):
+        Channel(b, Request).recv_fds(1, timeout=2)
+    assert _open_fds() == before
+    close_fds(fds)
+
+
 def test_fds_that_stop_coming_time_out_and_leave_no_fd_open(pair) -> None:
     a, b = pair
     fds = _pipes(2)
