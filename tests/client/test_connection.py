@@ -139,6 +139,7 @@ def _answering(path: str, replies: list, connections: int = 1) -> list:
     """A stand-in daemon at ``path``: ``connections`` connections, on each a
     request answered with each of ``replies`` in turn (bytes are sent as
     they are), then held open a while; returns the requests it got."""
+    import contextlib
     import socket
     import threading
 
@@ -162,7 +163,10 @@ def _answering(path: str, replies: list, connections: int = 1) -> list:
                             conn.sendall(reply)
                         else:
                             chan.send(reply)
-                    time.sleep(2)
+                    # Held until the client hangs up (it may retry at once).
+                    conn.settimeout(2)
+                    with contextlib.suppress(OSError):
+                        conn.recv(1)
 
     threading.Thread(target=serve, daemon=True).start()
     return got
