@@ -60,11 +60,13 @@ def test_socket_served_by_an_untrusted_user_is_refused(work: Path) -> None:
     while not os.path.exists(path + ".up"):
         assert time.monotonic() < deadline, result
         time.sleep(0.05)
-    with pytest.raises(PermissionRefused, match=r"served by uid \d+ .* refusing to use it"):
+    with pytest.raises(
+        PermissionRefused, match=rf"^{path} is served by uid \d+ \(pid \d+\), .* refusing to use it$"
+    ):
         DaemonConnection(path, timeout=5, daemon_users=["wcache"])
     nobody = pwd.getpwnam("nobody").pw_uid
     for users in (["nobody"], [str(nobody)]):
-        with pytest.raises(ProtocolError, match="closed the connection"):
+        with pytest.raises(ProtocolError, match=f"^daemon at {path} closed the connection$"):
             DaemonConnection(path, timeout=5, daemon_users=users)
     t.join(30)
     assert isinstance(result["r"], subprocess.CompletedProcess)
@@ -222,6 +224,44 @@ def test_a_daemon_that_chose_a_version_this_client_does_not_speak_is_refused(tmp
         f"this client speaks {MIN_PROTOCOL_VERSION}..{PROTOCOL_VERSION}"
     )
     assert [h.version for h in hellos] == [PROTOCOL_VERSION, 1]
+
+
+def test_a_named_client_is_greeted_by_its_name(tmp_path: Path) -> None:
+    hellos = _answering(str(tmp_path / "a.sock"), [_welcome()])
+    with DaemonConnection(str(tmp_path / "a.sock"), timeout=5, client="engine-7"):
+        assert hellos[0].client == "engine-7"
+
+
+def test_a_daemon_whose_backlog_stays_full_times_the_client_out(tmp_path: Path) -> None:
+    """A daemon that stopped accepting (wedged) while clients queue: the
+    client's timeout bounds its connect too."""
+    import socket
+
+    from wcached.errors import DaemonUnavailable
+
+    path = str(tmp_path / "full.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(0)
+    queued = []
+    try:
+        while True:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.setblocking(False)
+            try:
+                s.connect(path)
+            except BlockingIOError:
+                s.close()
+                break
+            queued.append(s)
+        started = time.monotonic()
+        with pytest.raises(DaemonUnavailable, match=f"^timed out connecting to {path}$"):
+            DaemonConnection(path, timeout=0.3)
+        assert time.monotonic() - started < 2
+    finally:
+        for s in queued:
+            s.close()
+        server.close()
 
 
 def test_a_daemon_that_stops_answering_times_the_client_out(tmp_path: Path) -> None:
