@@ -501,3 +501,46 @@ def test_a_daemon_back_speaking_another_protocol_ends_the_watch_with_one_warning
         server.close()
         t.join(10)
         a.close()
+
+
+def test_a_lease_whose_watch_fails_ends_alone_and_says_so(
+    work: Path, ckpt: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One lease's trouble (here its check raising) ends that lease's watch
+    with the error logged, naming the model; the process's other leases are
+    still followed through the restart."""
+    cfg = write_config(
+        work / "two.toml",
+        models=[
+            {"name": "target", "path": str(ckpt), "segment_size": "64KiB"},
+            {"name": "draft", "path": str(ckpt), "segment_size": "64KiB"},
+        ],
+        daemon={"socket_dir": str(work / "run")},
+    )
+    d = _up(cfg)
+    target = attach("target", "cpu0", socket_dir=d.socket_dir)
+    draft = attach("draft", "cpu0", socket_dir=d.socket_dir)
+
+    def broken() -> bool:
+        raise RuntimeError("a bug in the check")
+
+    draft.watch.ended = broken  # type: ignore[method-assign]
+    try:
+        with caplog.at_level(logging.INFO, "wcached.client"):
+            d = _restarted(d, cfg)
+            _wait_reattached(target)
+            deadline = time.monotonic() + 10
+            while draft.watch.watching:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        failed = [r for r in caplog.records if r.name == "wcached.client" and r.levelno == logging.ERROR]
+        assert [r.getMessage() for r in failed] == [
+            "wcached: watching the lease on draft failed; no longer watching it"
+        ]
+        assert failed[0].exc_info is not None and "a bug in the check" in str(failed[0].exc_info[1])
+        assert target.watch.watching and draft.watch.reattached == 0
+    finally:
+        target.close()
+        draft.close()
+        d.stop()
+        d.notify.close()
