@@ -149,6 +149,10 @@ def test_wcache_engine_on_gpu_matches_disk(work: Path, model_dir: Path, quantiza
     with run_daemon(cfg, "0", timeout=600) as d:
         _no_cuda_in(d.proc.pid)
         peak_gib, peak_ratio = _fill_peak(d.log())
+        # The weights were built in the memory the daemon holds: nothing of
+        # them was copied (what torch placed elsewhere would be).
+        placed = re.search(r"built in place: (\d+) segments .* (\d+) storages to copy", d.log())
+        assert placed, d.log()[-3000:]
         held, share = weights_share(cfg)
         extra = {"socket_dir": d.socket_dir, "fallback": False}
         # With a vLLM that cannot count external weights, the setting the
@@ -190,6 +194,8 @@ def test_wcache_engine_on_gpu_matches_disk(work: Path, model_dir: Path, quantiza
         kv_tokens_worker_cls=worker.get("kv_tokens"),
         model_bytes=held,
         fill_peak_gib=peak_gib,
+        fill_segments_built_in_place=int(placed.group(1)),
+        fill_storages_copied=int(placed.group(2)),
         fill_peak_x_model=peak_ratio,
         kv_gib_disk=disk["kv_gib"],
         kv_gib_wcache=out["kv_gib"],

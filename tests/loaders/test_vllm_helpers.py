@@ -124,3 +124,76 @@ def test_segments_are_filled_one_at_a_time_and_freed_on_failure() -> None:
         fill_segments_in_order(backend, "m", [4096, 4096, 4096], PhaseClock(), failing)
     assert opened == [0, 1]
     assert set(os.listdir("/proc/self/fd")) <= before  # sealed and open segments closed
+
+
+class _HostArena:
+    """An arena over plain host memory, sealed as the CUDA one is: what
+    ``_export_arena`` decides from it is the same on a GPU."""
+
+    def __init__(self, label: str = "m"):
+        import ctypes
+
+        from wcached.memory.arena import Arena
+
+        self.label = label
+        self.memory = (ctypes.c_char * (96 << 20))()  # chunks live inside it
+        base = ctypes.addressof(self.memory)
+        self.next = base + (-base) % (2 << 20)
+        self.arena = Arena(16 << 20, 2 << 20, self._create, lambda chunk: None)
+
+    def _create(self, nbytes: int):
+        base, self.next = self.next, self.next + nbytes
+        return base, None
+
+    def tensor(self, address: int, numel: int) -> torch.Tensor:
+        import ctypes
+
+        return torch.frombuffer((ctypes.c_char * (numel * 4)).from_address(address), dtype=torch.float32)
+
+    def seal(self, spans):
+        sealed = self.arena.seal(spans)
+        return sealed, [-1] * len(sealed.chunks)
+
+
+def test_storages_in_the_arena_are_placed_in_its_chunks_and_the_rest_left_to_copy() -> None:
+    from wcached.loaders.vllm.fill import _export_arena
+
+    arena = _HostArena()
+    big = arena.tensor(arena.arena.alloc(10 << 20), (10 << 20) // 4)  # an exact chunk
+    shared = arena.arena.alloc(2 << 20)  # torch's small segment: two tensors in it
+    a = arena.tensor(shared, 100)
+    b = arena.tensor(shared + 512, 50)
+    odd = arena.tensor(shared + 1024 + 256, 8)  # at 256 past a 512 boundary
+    arena.arena.alloc(10 << 20)  # scratch: an exact chunk no tensor uses
+    elsewhere = torch.ones(4)  # memory torch got outside the arena
+    storages = group_by_storage(
+        [
+            ("big", big, "param"),
+            ("a", a, "param"),
+            ("b", b, "param"),
+            ("odd", odd, "param"),
+            ("elsewhere", elsewhere, "buffer"),
+            ("empty", torch.zeros(0), "buffer"),
+        ],
+        alignment=512,
+    )
+    clock = PhaseClock()
+    placed, sizes, fds = _export_arena(arena, storages, 512, clock)
+    # Segments are the chunks holding tensors, in address order.
+    assert sizes == [10 << 20, 16 << 20] and fds == [-1, -1]
+    assert placed[0] == (0, 0)  # big
+    assert placed[1] == (1, 0) and placed[2] == (1, 512)  # a and b share the chunk
+    # Off the model's alignment, or not the arena's: copied. Empty: segment 0.
+    assert placed[3] is None and placed[4] is None
+    assert placed[5] == (0, 0)
+    assert "export" in clock.phases
+
+
+def test_with_no_chunk_kept_every_storage_is_copied() -> None:
+    from wcached.loaders.vllm.fill import _export_arena
+
+    arena = _HostArena()
+    arena.arena.alloc(4 << 20)
+    storages = group_by_storage([("w", torch.ones(3), "param"), ("empty", torch.zeros(0), "buffer")])
+    placed, sizes, fds = _export_arena(arena, storages, 256, PhaseClock())
+    assert placed == [None, None] and sizes == [] and fds == []

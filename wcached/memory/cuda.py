@@ -206,32 +206,64 @@ class _Staging:
         self.buffers = []
 
 
+def map_new_allocation(backend: CudaBackend, nbytes: int, label: str) -> tuple[Any, int]:
+    """An exportable allocation of ``nbytes`` on the backend's GPU, mapped
+    read-write in this process: ``(handle, address)``. OutOfMemory names
+    ``label`` and what is free."""
+    cu = backend.cu
+    try:
+        handle = check(cu.cuMemCreate(nbytes, backend.prop, 0), f"cuMemCreate({nbytes})")
+    except OutOfMemory:
+        free, total = check(cu.cuMemGetInfo(), "cuMemGetInfo")
+        raise OutOfMemory(
+            f"GPU {backend.uuid} out of memory: {label} needs {nbytes / 2**30:.2f} GiB, "
+            f"{free / 2**30:.2f} of {total / 2**30:.2f} GiB free"
+        ) from None
+    va = 0
+    try:
+        va = int(check(cu.cuMemAddressReserve(nbytes, backend.granularity, 0, 0), "cuMemAddressReserve"))
+        check(cu.cuMemMap(va, nbytes, 0, handle, 0), "cuMemMap")
+        check(cu.cuMemSetAccess(va, nbytes, _access(cu, backend.ordinal, False), 1), "cuMemSetAccess")
+    except BaseException:
+        unmap_allocation(cu, va, nbytes, handle)
+        raise
+    return handle, va
+
+
+def unmap_allocation(cu: Any, va: int, nbytes: int, handle: Any) -> None:
+    """Undo :func:`map_new_allocation` (any part of it that was done)."""
+    if va:
+        cu.cuMemUnmap(va, nbytes)
+        cu.cuMemAddressFree(va, nbytes)
+    if handle is not None:
+        cu.cuMemRelease(handle)
+
+
+def export_allocation(cu: Any, handle: Any) -> int:
+    """A POSIX fd that keeps the allocation alive on its own."""
+    return int(
+        check(
+            cu.cuMemExportToShareableHandle(
+                handle, cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0
+            ),
+            "cuMemExportToShareableHandle",
+        )
+    )
+
+
+def protect_read_only(backend: CudaBackend, va: int, nbytes: int) -> None:
+    """This process's mapping read-only: a stray write faults here rather
+    than change what has been exported."""
+    cu = backend.cu
+    check(cu.cuMemSetAccess(va, nbytes, _access(cu, backend.ordinal, True), 1), "cuMemSetAccess")
+
+
 class CudaSegmentWriter(SegmentWriter):
     def __init__(self, backend: CudaBackend, nbytes: int, label: str):
-        cu = backend.cu
         self.backend = backend
         self.nbytes = nbytes
         self.label = label
-        self.va = 0
-        try:
-            self.handle = check(cu.cuMemCreate(nbytes, backend.prop, 0), f"cuMemCreate({nbytes})")
-        except OutOfMemory:
-            free, total = check(cu.cuMemGetInfo(), "cuMemGetInfo")
-            raise OutOfMemory(
-                f"GPU {backend.uuid} out of memory: segment {label} needs {nbytes / 2**30:.2f} GiB, "
-                f"{free / 2**30:.2f} of {total / 2**30:.2f} GiB free"
-            ) from None
-        try:
-            self.va = int(
-                check(cu.cuMemAddressReserve(nbytes, backend.granularity, 0, 0), "cuMemAddressReserve")
-            )
-            check(cu.cuMemMap(self.va, nbytes, 0, self.handle, 0), "cuMemMap")
-            check(
-                cu.cuMemSetAccess(self.va, nbytes, _access(cu, backend.ordinal, False), 1), "cuMemSetAccess"
-            )
-        except BaseException:
-            self.abort()
-            raise
+        self.handle, self.va = map_new_allocation(backend, nbytes, f"segment {label}")
 
     def write_from_file(
         self, src_fd: int, file_offset: int, offset: int, nbytes: int, hasher: Hasher | None
@@ -292,31 +324,15 @@ class CudaSegmentWriter(SegmentWriter):
         check(self.backend.cu.cuMemcpy(self.va + offset, src, nbytes), "cuMemcpy")
 
     def finish(self) -> int:
-        cu = self.backend.cu
         self.backend.synchronize()
-        fd = int(
-            check(
-                cu.cuMemExportToShareableHandle(
-                    self.handle,
-                    cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-                    0,
-                ),
-                "cuMemExportToShareableHandle",
-            )
-        )
+        fd = export_allocation(self.backend.cu, self.handle)
         # Only the exported fd keeps the memory from here on.
         self.abort()
         return fd
 
     def abort(self) -> None:
-        cu = self.backend.cu
-        if self.va:
-            cu.cuMemUnmap(self.va, self.nbytes)
-            cu.cuMemAddressFree(self.va, self.nbytes)
-            self.va = 0
-        if self.handle is not None:
-            cu.cuMemRelease(self.handle)
-            self.handle = None
+        unmap_allocation(self.backend.cu, self.va, self.nbytes, self.handle)
+        self.va, self.handle = 0, None
 
 
 class CudaBackend(MemoryBackend):

@@ -46,6 +46,11 @@ class VllmModel(ModelConfig, tag="vllm", frozen=True, kw_only=True):
     # Further vLLM EngineArgs that change weights (quantization, revision,
     # trust_remote_code, hf_overrides, ...); the engine must use the same.
     engine_args: dict[str, Any] = {}
+    # On a GPU, vLLM builds the weights straight in the memory wcached
+    # exports: the fill needs the model's memory once and copies nothing.
+    # false: vLLM builds them in its own memory and they are copied, segment
+    # by segment (the model plus one segment at the peak).
+    build_in_place: bool = True
 
     accepts_remote_path: ClassVar[bool] = True
 

@@ -29,10 +29,11 @@ twice.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +48,9 @@ from wcached.loaders.vllm import VllmModel
 from wcached.loaders.vllm.key import PROCESSED_GUARD, vllm_cache_key
 from wcached.memory.base import MemoryBackend, ProgressFn, SegmentWriter
 from wcached.protocol.messages import Manifest, SegmentInfo, TensorInfo
+from wcached.protocol.wire import close_fds
+
+log = logging.getLogger("wcached.worker")
 
 
 def _free_port() -> int:
@@ -117,8 +121,17 @@ class BuiltModel:
     processed_modules: list[str] = field(default_factory=list)
 
 
-def build_model(model: VllmModel, instance: str, device_type: str) -> BuiltModel:
-    """vLLM config, then this rank's model loaded by vLLM's own loader."""
+def build_model(
+    model: VllmModel,
+    instance: str,
+    device_type: str,
+    allocating: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+    clock: PhaseClock | None = None,
+) -> BuiltModel:
+    """vLLM config, then this rank's model loaded by vLLM's own loader.
+    ``allocating`` is entered around the loading alone (the model's
+    construction, its weights and their post-processing), not around vLLM's
+    set-up: its process group and workspaces are not the model's."""
     import torch
     from vllm.config import set_current_vllm_config
     from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
@@ -198,13 +211,15 @@ def build_model(model: VllmModel, instance: str, device_type: str) -> BuiltModel
         except ImportError:  # older vLLM
             pass
         form = "loaded"
+        if clock is not None:
+            clock.lap("vllm_setup")
         if device_type == "cpu":
             # vLLM's load_model empties an accelerator cache that a CPU host
             # does not have; the engine's CPU worker creates and loads the
             # model in these two steps too.
             net = _create_and_load(loader, vllm_config, model_config)
         else:
-            with _without_post_processing():
+            with allocating(), _without_post_processing():
                 net = loader.load_model(vllm_config=vllm_config, model_config=model_config)
             # Processed here only where the engine can re-run every layer's
             # hooks in vLLM's already-processed mode (a quant method without
@@ -219,7 +234,7 @@ def build_model(model: VllmModel, instance: str, device_type: str) -> BuiltModel
                 from vllm.utils.torch_utils import set_default_torch_dtype
 
                 target = torch.device(vllm_config.device_config.device)
-                with set_default_torch_dtype(model_config.dtype):
+                with allocating(), set_default_torch_dtype(model_config.dtype):
                     process_weights_after_loading(net, model_config, target)
                 form = "processed"
     processed = [name for name, m in net.named_modules() if getattr(m, PROCESSED_GUARD, False)]
@@ -340,7 +355,9 @@ def _free(storage: Any) -> None:
 
 
 def fill(model: VllmModel, backend: MemoryBackend, instance: str, progress: ProgressFn) -> FilledModel:
-    """This instance's rank of ``model``, loaded by vLLM, copied into segments."""
+    """This instance's rank of ``model``, loaded by vLLM: on a GPU built in
+    exportable chunks (:mod:`wcached.memory.cuda_arena`), else copied into
+    segments; what torch placed outside the chunks is copied too."""
     import torch
 
     clock = PhaseClock()
@@ -351,7 +368,10 @@ def fill(model: VllmModel, backend: MemoryBackend, instance: str, progress: Prog
             torch.cuda.reset_peak_memory_stats()
     peak = _PeakMemory(backend)
     _forget_shared_modules()
-    built = build_model(model, instance, device_type)
+    arena = _open_arena(model, backend) if device_type != "cpu" else None
+    built = build_model(
+        model, instance, device_type, arena.allocating if arena else contextlib.nullcontext, clock
+    )
     net = built.net
     peak.sample()
     if device_type != "cpu":
@@ -378,63 +398,53 @@ def fill(model: VllmModel, backend: MemoryBackend, instance: str, progress: Prog
         add(name, b, "buffer")
 
     storages = group_by_storage(unique, model.alignment)
-    placements, seg_sizes = plan_layout(
-        ((g.members[0][0], g.nbytes) for g in storages), model.segment_bytes, model.alignment
-    )
-    by_segment: list[list[int]] = [[] for _ in seg_sizes]
-    for i, p in enumerate(placements):
-        by_segment[p.segment].append(i)
-    infos: dict[str, TensorInfo] = {}
     # Host bytes are hashed by the CPU, GPU bytes on the GPU (no copy back).
     algorithm = (tensor_digest.HOST if device_type == "cpu" else tensor_digest.DEVICE) if model.digest else ""
     if device_type != "cpu":
         torch.cuda.synchronize()  # vLLM's kernels have written everything
-    done = 0
     total = sum(g.nbytes for g in storages)
+    done = 0
     progress(0, total)
 
-    def copy(index: int, writer: SegmentWriter) -> None:
+    def report(nbytes: int) -> None:
         nonlocal done
-        peak.sample()
-        for i in by_segment[index]:
-            group, p = storages[i], placements[i]
-            if group.nbytes:
-                _check_alive(group)
-                writer.copy_from_pointer(p.offset, group.start, group.nbytes, None)
-            for name, t, kind in group.members:
-                offset = p.offset + (t.data_ptr() - group.start if group.nbytes else 0)
-                nbytes = span_bytes(t)
-                infos[name] = TensorInfo(
-                    name=name,
-                    dtype=str(t.dtype).removeprefix("torch."),
-                    shape=tuple(t.shape),
-                    stride=tuple(t.stride()),
-                    segment=p.segment,
-                    offset=offset,
-                    nbytes=nbytes,
-                    kind=kind,
-                )
-            done += group.nbytes
-            progress(done, total)
-        if algorithm:
-            # Of vLLM's copies, before they are freed: the bytes just copied.
-            clock.lap("copy")
-            for i in by_segment[index]:
-                for name, t, _ in storages[i].members:
-                    nbytes = infos[name].nbytes
-                    if nbytes:
-                        d = tensor_digest.digest(t, algorithm, nbytes)
-                        infos[name] = msgspec.structs.replace(infos[name], digest=d)
-            clock.lap("digest")
-        # This segment holds them now: give vLLM's copies back before the
-        # next segment is allocated.
-        for i in by_segment[index]:
-            if storages[i].storage is not None:
-                _free(storages[i].storage)
-        if device_type != "cpu":
-            torch.cuda.empty_cache()
+        done += nbytes
+        progress(done, total)
 
-    writers, fds = fill_segments_in_order(backend, model.name, seg_sizes, clock, copy)
+    infos: dict[str, TensorInfo] = {}
+    segment_sizes: list[int] = []
+    fds: list[int] = []
+    # Storages built in the arena's chunks: one segment per chunk, no copy.
+    placed: list[tuple[int, int] | None] = [None] * len(storages)
+    try:
+        if arena is not None:
+            placed, segment_sizes, fds = _export_arena(arena, storages, model.alignment, clock)
+        for i, place in enumerate(placed):
+            if place is not None:
+                _record(infos, storages[i], *place)
+                report(storages[i].nbytes)
+        if algorithm:
+            _digest(infos, [storages[i] for i, p in enumerate(placed) if p is not None], algorithm)
+            clock.lap("digest")
+        # The rest (everything off a GPU, or what torch placed elsewhere) is
+        # copied into segments of its own after the chunks.
+        copied = [i for i, p in enumerate(placed) if p is None]
+        copy_sizes, copy_fds = _copy_storages(
+            model,
+            backend,
+            [storages[i] for i in copied],
+            first_segment=len(segment_sizes),
+            infos=infos,
+            algorithm=algorithm,
+            clock=clock,
+            peak=peak,
+            report=report,
+        )
+    except BaseException:
+        close_fds(fds)
+        raise
+    segment_sizes += copy_sizes
+    fds += copy_fds
     entries = [infos[name] for name, _, _ in unique]
     entries += alias_entries(entries, aliases)
 
@@ -460,15 +470,143 @@ def fill(model: VllmModel, backend: MemoryBackend, instance: str, progress: Prog
         model=model.name,
         key=key,
         segments=[
-            SegmentInfo(index=i, nbytes=w.nbytes, backend=backend.name, device=instance)
-            for i, w in enumerate(writers)
+            SegmentInfo(index=i, nbytes=n, backend=backend.name, device=instance)
+            for i, n in enumerate(segment_sizes)
         ],
         tensors=entries,
-        total_bytes=sum(g.nbytes for g in storages),
+        total_bytes=total,
         filled_at=time.time(),
         attrs=attrs,
     )
     return FilledModel(manifest, fds, clock.total(), clock.phases, peak_device_bytes=peak.bytes)
+
+
+def _open_arena(model: VllmModel, backend: MemoryBackend) -> Any:
+    """The arena the model is built in, or None to copy it (the model asks
+    to, or this torch cannot route its allocations)."""
+    if not model.build_in_place:
+        return None
+    from wcached.memory import cuda_arena
+
+    reason = cuda_arena.unsupported_reason()
+    if reason is not None:
+        log.warning(
+            "%s: built in vLLM's own memory and copied (the model's memory plus one segment at the peak): %s",
+            model.name,
+            reason,
+            extra={"model": model.name},
+        )
+        return None
+    return cuda_arena.CudaArena(backend, model.segment_bytes, model.name)  # type: ignore[arg-type]
+
+
+def _export_arena(
+    arena: Any, storages: list[_Storage], alignment: int, clock: PhaseClock
+) -> tuple[list[tuple[int, int] | None], list[int], list[int]]:
+    """Export the arena's chunks that hold storages: where each storage is
+    (segment, offset), or None to copy it; the segments' sizes; their fds."""
+    # A chunk starts at a multiple of the handle granularity (>= any
+    # alignment a model may ask for), so a storage keeps its alignment in its
+    # chunk exactly when its address has it.
+    spans = [(g.start, g.nbytes) if g.nbytes and g.start % alignment == 0 else (0, 0) for g in storages]
+    sealed, fds = arena.seal(spans)
+    placed = [p if g.nbytes else None for p, g in zip(sealed.places, storages, strict=True)]
+    if sealed.chunks:
+        # Empty tensors need a segment to name; the first has room for none.
+        placed = [(0, 0) if not g.nbytes else p for p, g in zip(placed, storages, strict=True)]
+    clock.lap("export")
+    held = sum(c.nbytes for c in sealed.chunks)
+    log.info(
+        "%s built in place: %d segments of %.2f GiB, %.2f GiB of it held by no tensor "
+        "(torch's rounding, the load's freed buffers); %d unused chunks released, %d storages to copy",
+        arena.label,
+        len(sealed.chunks),
+        held / 2**30,
+        sealed.dead_bytes / 2**30,
+        sealed.released,
+        sum(1 for p, g in zip(placed, storages, strict=True) if p is None and g.nbytes),
+        extra={"model": arena.label},
+    )
+    return placed, [c.nbytes for c in sealed.chunks], fds
+
+
+def _record(infos: dict[str, TensorInfo], group: _Storage, segment: int, offset: int) -> None:
+    """Manifest entries of a storage's tensors, the storage's span at
+    ``offset`` of ``segment``."""
+    for name, t, kind in group.members:
+        infos[name] = TensorInfo(
+            name=name,
+            dtype=str(t.dtype).removeprefix("torch."),
+            shape=tuple(t.shape),
+            stride=tuple(t.stride()),
+            segment=segment,
+            offset=offset + (t.data_ptr() - group.start if group.nbytes else 0),
+            nbytes=span_bytes(t),
+            kind=kind,
+        )
+
+
+def _digest(infos: dict[str, TensorInfo], groups: list[_Storage], algorithm: str) -> None:
+    """Each tensor's digest, of the bytes it has where it was built."""
+    for group in groups:
+        for name, t, _ in group.members:
+            nbytes = infos[name].nbytes
+            if nbytes:
+                d = tensor_digest.digest(t, algorithm, nbytes)
+                infos[name] = msgspec.structs.replace(infos[name], digest=d)
+
+
+def _copy_storages(
+    model: VllmModel,
+    backend: MemoryBackend,
+    storages: list[_Storage],
+    *,
+    first_segment: int,
+    infos: dict[str, TensorInfo],
+    algorithm: str,
+    clock: PhaseClock,
+    peak: _PeakMemory,
+    report: Callable[[int], None],
+) -> tuple[list[int], list[int]]:
+    """Copy ``storages`` into segments numbered from ``first_segment``, each
+    freed once copied (the copy needs one segment beyond them); returns the
+    segments' sizes and fds."""
+    import torch
+
+    if not storages:
+        return [], []
+    on_gpu = backend.name != "host"
+    placements, seg_sizes = plan_layout(
+        ((g.members[0][0], g.nbytes) for g in storages), model.segment_bytes, model.alignment
+    )
+    by_segment: list[list[int]] = [[] for _ in seg_sizes]
+    for i, p in enumerate(placements):
+        by_segment[p.segment].append(i)
+
+    def copy(index: int, writer: SegmentWriter) -> None:
+        peak.sample()
+        for i in by_segment[index]:
+            group, p = storages[i], placements[i]
+            if group.nbytes:
+                _check_alive(group)
+                writer.copy_from_pointer(p.offset, group.start, group.nbytes, None)
+            _record(infos, group, first_segment + p.segment, p.offset)
+            report(group.nbytes)
+        if algorithm:
+            # Of vLLM's copies, before they are freed: the bytes just copied.
+            clock.lap("copy")
+            _digest(infos, [storages[i] for i in by_segment[index]], algorithm)
+            clock.lap("digest")
+        # This segment holds them now: give vLLM's copies back before the
+        # next segment is allocated.
+        for i in by_segment[index]:
+            if storages[i].storage is not None:
+                _free(storages[i].storage)
+        if on_gpu:
+            torch.cuda.empty_cache()
+
+    writers, fds = fill_segments_in_order(backend, model.name, seg_sizes, clock, copy)
+    return [w.nbytes for w in writers], fds
 
 
 class _PeakMemory:

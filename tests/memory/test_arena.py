@@ -1,0 +1,198 @@
+"""The arena's placement, over chunks that are plain numbers."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from wcached.memory.arena import PLACEMENT_ALIGN, Arena, ArenaError, Chunk
+
+MiB = 1 << 20
+GRAIN = 2 * MiB
+
+
+class FakeDevice:
+    """Chunks at addresses that leave a gap between them, so that an address
+    one past a chunk is in none."""
+
+    def __init__(self, limit: int | None = None):
+        self.next = 1 << 40
+        self.live: dict[int, int] = {}
+        self.made: list[int] = []
+        self.released: list[int] = []
+        self.limit = limit
+
+    def create(self, nbytes: int) -> tuple[int, str]:
+        if self.limit is not None and sum(self.live.values()) + nbytes > self.limit:
+            raise MemoryError("out of device memory")
+        base = self.next
+        self.next += nbytes + (1 << 30)
+        self.live[base] = nbytes
+        self.made.append(nbytes)
+        return base, f"handle-{len(self.made)}"
+
+    def release(self, chunk: Chunk) -> None:
+        assert self.live.pop(chunk.base) == chunk.nbytes
+        self.released.append(chunk.nbytes)
+
+
+def arena(chunk: int = 64 * MiB, **kw) -> tuple[Arena, FakeDevice]:
+    dev = FakeDevice(**kw)
+    return Arena(chunk, GRAIN, dev.create, dev.release), dev
+
+
+def test_small_requests_share_one_chunk_back_to_back():
+    a, dev = arena()
+    first = a.alloc(2 * MiB)
+    second = a.alloc(20 * MiB)
+    third = a.alloc(1)  # rounded up to the placement step
+    assert dev.made == [64 * MiB]
+    assert second == first + 2 * MiB
+    assert third == second + 20 * MiB
+    assert third % PLACEMENT_ALIGN == first % PLACEMENT_ALIGN
+
+
+def test_a_request_that_does_not_fit_opens_a_new_chunk_and_later_ones_fill_earlier_holes():
+    a, dev = arena()
+    first = a.alloc(30 * MiB)
+    a.alloc(30 * MiB)
+    third = a.alloc(30 * MiB)  # 4 MiB left in the first chunk: a new one
+    assert dev.made == [64 * MiB, 64 * MiB]
+    assert not (first <= third < first + 64 * MiB)
+    fourth = a.alloc(4 * MiB)  # fits the first chunk's tail
+    assert fourth == first + 60 * MiB
+
+
+def test_half_a_chunk_or_more_gets_an_exact_chunk_of_its_own():
+    a, dev = arena()
+    a.alloc(32 * MiB)  # exactly half
+    a.alloc(100 * MiB + 1)  # larger than a chunk: rounded to the granularity
+    assert dev.made == [32 * MiB, 102 * MiB]
+    small = a.alloc(2 * MiB)  # never placed in an exact chunk's tail
+    assert dev.made == [32 * MiB, 102 * MiB, 64 * MiB]
+    assert [c.nbytes for c in a.chunks if c.base == small] == [64 * MiB]
+
+
+def test_freed_ranges_join_their_neighbours_and_an_empty_chunk_is_released():
+    a, dev = arena()
+    x = a.alloc(16 * MiB)
+    y = a.alloc(16 * MiB)
+    z = a.alloc(16 * MiB)
+    a.free(y)
+    a.free(x)
+    # x and y joined: a request of both fits where they were.
+    both = a.alloc(30 * MiB)
+    assert both == x
+    a.free(both)
+    a.free(z)
+    assert dev.released == [64 * MiB] and not dev.live and not a.chunks
+
+
+def test_free_joins_the_range_after_and_before_in_either_order():
+    a, _ = arena()
+    ptrs = [a.alloc(8 * MiB) for _ in range(8)]  # the whole chunk
+    for i in (1, 3, 2):  # 2 joins 1 before it and 3 after it
+        a.free(ptrs[i])
+    assert a.chunks[0].free == [(8 * MiB, 24 * MiB)]
+    a.free(ptrs[0])
+    assert a.chunks[0].free == [(0, 32 * MiB)]
+
+
+def test_a_free_of_an_address_not_given_is_refused():
+    a, _ = arena()
+    p = a.alloc(4 * MiB)
+    with pytest.raises(ArenaError, match="did not give"):
+        a.free(p + 2 * MiB)
+    with pytest.raises(ArenaError, match="did not give"):
+        a.free(p - 1)
+    a.free(p)
+    with pytest.raises(ArenaError, match="did not give"):
+        a.free(p)
+
+
+def test_a_create_that_fails_leaves_the_arena_as_it_was():
+    a, _ = arena(limit=100 * MiB)
+    a.alloc(64 * MiB)
+    with pytest.raises(MemoryError):
+        a.alloc(40 * MiB)
+    assert len(a.chunks) == 1 and a.held_bytes == 64 * MiB
+
+
+def test_seal_keeps_the_chunks_holding_spans_and_releases_the_rest():
+    a, dev = arena()
+    w1 = a.alloc(40 * MiB)  # exact chunk
+    scratch = a.alloc(40 * MiB)  # exact chunk, no weight in it
+    w2 = a.alloc(4 * MiB)
+    w3 = a.alloc(2 * MiB)  # same chunk as w2
+    sealed = a.seal([(w2 + 512, 1000), (w1, 40 * MiB), (w3, 2 * MiB), (w2 + 512, 100), (1, 10)])
+    assert [c.base for c in sealed.chunks] == sorted([w1, w2])
+    i1 = [c.base for c in sealed.chunks].index(w1)
+    i2 = 1 - i1
+    assert sealed.places == [(i2, 512), (i1, 0), (i2, 4 * MiB), (i2, 512), None]
+    assert sealed.released == 1 and scratch not in dev.live
+    # Overlapping spans are counted once; the rest of the kept chunks is dead.
+    assert sealed.live_bytes == 1000 + 40 * MiB + 2 * MiB
+    assert sealed.dead_bytes == 40 * MiB + 64 * MiB - sealed.live_bytes
+    with pytest.raises(ArenaError, match="sealed"):
+        a.alloc(2 * MiB)
+
+
+def test_after_the_seal_a_free_keeps_the_exported_chunk():
+    a, dev = arena()
+    p = a.alloc(4 * MiB)
+    a.seal([(p, 4 * MiB)])
+    a.free(p)  # torch lets go of its segment: the export holds the memory
+    assert len(a.chunks) == 1 and dev.released == []
+
+
+def test_a_span_crossing_a_chunks_end_is_not_placed():
+    a, _ = arena()
+    p = a.alloc(4 * MiB)
+    sealed = a.seal([(p + 64 * MiB - 10, 20)])
+    assert sealed.places == [None] and sealed.chunks == [] and sealed.released == 1
+
+
+def test_release_all_frees_every_chunk():
+    a, dev = arena()
+    a.alloc(4 * MiB)
+    a.alloc(50 * MiB)
+    a.release_all()
+    assert not dev.live and not a.chunks
+
+
+def test_the_peak_counts_chunks_held_at_once():
+    a, _ = arena()
+    x = a.alloc(40 * MiB)
+    a.free(x)
+    a.alloc(40 * MiB)
+    assert a.peak_bytes == 40 * MiB
+
+
+def test_a_chunk_size_off_the_granularity_is_refused():
+    with pytest.raises(ValueError, match="multiple"):
+        Arena(3 * MiB, GRAIN, FakeDevice().create, FakeDevice().release)
+
+
+def test_random_requests_never_overlap_and_every_byte_is_accounted():
+    rng = random.Random(7)
+    a, dev = arena()
+    live: dict[int, int] = {}
+    for _ in range(3000):
+        if live and rng.random() < 0.45:
+            p = rng.choice(list(live))
+            a.free(p)
+            del live[p]
+        else:
+            n = rng.choice([2 * MiB, 20 * MiB, rng.randrange(1, 80 * MiB)])
+            p = a.alloc(n)
+            live[p] = -(-n // PLACEMENT_ALIGN) * PLACEMENT_ALIGN
+        ranges = sorted(live.items())
+        for (p1, n1), (p2, _) in itertools.pairwise(ranges):
+            assert p1 + n1 <= p2
+        for c in a.chunks:
+            used = sum(c.used.values())
+            assert used + sum(n for _, n in c.free) == c.nbytes
+            assert used > 0  # an empty chunk is never kept
+        assert sum(dev.live.values()) == a.held_bytes

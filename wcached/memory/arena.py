@@ -1,0 +1,221 @@
+"""Where an arena places the memory torch's caching allocator asks of it.
+
+A vLLM fill on a GPU builds the model's weights straight in exportable
+memory: torch's caching allocator, pointed at a pool whose allocator is an
+arena (:mod:`wcached.memory.cuda_arena`), asks the arena for segments of its
+own (2 MiB for small tensors, 20 MiB for those below 10 MiB, the rounded
+size above), and the arena places them in a few large chunks, each one
+exportable handle. Once loaded, each chunk that holds a weight becomes one
+segment of the manifest, and a weight's place is its chunk and offset: no
+second copy of the model, and no copy step.
+
+This module is the placement alone, over chunks that a ``create`` callback
+makes and a ``release`` callback frees (CUDA VMM in the worker, plain
+numbers in the tests):
+
+- a request of half a chunk or more gets a chunk of its own, of its size
+  (rounded up to the handle granularity), so big tensors waste nothing;
+- a smaller one goes first-fit into the chunks made so far, else into a new
+  chunk of ``chunk_bytes``;
+- a freed range joins its neighbours, and a chunk left empty is released
+  at once (a transient of the load, such as a layer quantized from bf16,
+  gives its memory back).
+
+:meth:`Arena.seal` then says which chunks hold the given byte spans (the
+model's storages), releases those that hold none, and counts the bytes of the
+kept chunks that no span uses (torch's rounding and the load's freed
+temporaries), which are exported with them.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+# Requests are placed at multiples of this (torch asks for multiples of it).
+PLACEMENT_ALIGN = 2 << 20
+
+
+class ArenaError(Exception):
+    """A request the arena cannot place (sealed, or a chunk not made)."""
+
+
+@dataclass
+class Chunk:
+    """One exportable allocation, and which of its bytes are handed out."""
+
+    base: int  # device address of its first byte
+    nbytes: int
+    handle: Any  # what ``create`` returned beside the address
+    exact: bool  # made for one request (half a chunk or more)
+    # Free ranges, (offset, nbytes), sorted by offset and never adjacent.
+    free: list[tuple[int, int]] = field(default_factory=list)
+    # Handed-out ranges: offset -> nbytes.
+    used: dict[int, int] = field(default_factory=dict)
+
+    def take(self, nbytes: int) -> int | None:
+        """The offset of the first free range that fits ``nbytes``, now used."""
+        for i, (offset, size) in enumerate(self.free):
+            if size >= nbytes:
+                if size == nbytes:
+                    del self.free[i]
+                else:
+                    self.free[i] = (offset + nbytes, size - nbytes)
+                self.used[offset] = nbytes
+                return offset
+        return None
+
+    def give_back(self, offset: int) -> None:
+        nbytes = self.used.pop(offset)
+        i = bisect.bisect(self.free, (offset, 0))
+        if i < len(self.free) and offset + nbytes == self.free[i][0]:
+            nbytes += self.free.pop(i)[1]
+        if i > 0 and self.free[i - 1][0] + self.free[i - 1][1] == offset:
+            offset, before = self.free.pop(i - 1)
+            nbytes += before
+            i -= 1
+        self.free.insert(i, (offset, nbytes))
+
+    def contains(self, address: int, nbytes: int) -> bool:
+        return self.base <= address and address + nbytes <= self.base + self.nbytes
+
+
+@dataclass(frozen=True)
+class SealedArena:
+    """What :meth:`Arena.seal` decided."""
+
+    chunks: list[Chunk]  # those holding a span, in address order: the segments
+    # Per span given: (index into chunks, offset in it), or None where the
+    # span is not inside one chunk of the arena (memory torch got elsewhere).
+    places: list[tuple[int, int] | None]
+    live_bytes: int  # bytes of the kept chunks that the spans cover
+    dead_bytes: int  # bytes of the kept chunks that none covers
+    released: int  # chunks released for holding no span
+
+
+class Arena:
+    """Chunks, and the ranges torch's allocator was given in them."""
+
+    def __init__(
+        self,
+        chunk_bytes: int,
+        granularity: int,
+        create: Callable[[int], tuple[int, Any]],
+        release: Callable[[Chunk], None],
+    ):
+        if chunk_bytes < granularity or chunk_bytes % granularity:
+            raise ValueError(f"chunk of {chunk_bytes} bytes is not a multiple of {granularity}")
+        self.chunk_bytes = chunk_bytes
+        self.granularity = granularity
+        self._create = create
+        self._release = release
+        self.chunks: list[Chunk] = []  # sorted by base
+        self.sealed = False
+        self.peak_bytes = 0  # the most bytes of chunks held at once
+
+    @property
+    def held_bytes(self) -> int:
+        return sum(c.nbytes for c in self.chunks)
+
+    def alloc(self, nbytes: int) -> int:
+        """The device address of ``nbytes`` for torch's allocator."""
+        if self.sealed:
+            raise ArenaError("the arena is sealed: its chunks are exported")
+        if nbytes <= 0:
+            raise ArenaError(f"a request of {nbytes} bytes")
+        want = _round_up(nbytes, PLACEMENT_ALIGN)
+        if want * 2 < self.chunk_bytes:
+            for chunk in self.chunks:
+                if not chunk.exact:
+                    offset = chunk.take(want)
+                    if offset is not None:
+                        return chunk.base + offset
+            chunk = self._new_chunk(self.chunk_bytes, exact=False)
+        else:
+            chunk = self._new_chunk(_round_up(want, self.granularity), exact=True)
+        offset = chunk.take(want)
+        assert offset == 0  # a new chunk is empty
+        return chunk.base
+
+    def free(self, address: int) -> None:
+        """Take back what :meth:`alloc` gave at ``address``; a chunk left
+        empty is released (before the seal: after it, chunks are exported)."""
+        chunk = self._chunk_at(address)
+        if chunk is None or address - chunk.base not in chunk.used:
+            raise ArenaError(f"free of {address:#x}, which this arena did not give")
+        chunk.give_back(address - chunk.base)
+        if not chunk.used and not self.sealed:
+            self.chunks.remove(chunk)
+            self._release(chunk)
+
+    def seal(self, spans: Sequence[tuple[int, int]]) -> SealedArena:
+        """No more requests; the chunks that hold ``spans`` (address, nbytes)
+        are kept, the others released."""
+        self.sealed = True
+        holding: dict[int, Chunk] = {}
+        located: list[Chunk | None] = []
+        for address, nbytes in spans:
+            chunk = self._chunk_at(address)
+            if chunk is not None and not chunk.contains(address, nbytes):
+                chunk = None
+            located.append(chunk)
+            if chunk is not None:
+                holding[id(chunk)] = chunk
+        kept = [c for c in self.chunks if id(c) in holding]
+        index = {id(c): i for i, c in enumerate(kept)}
+        released = [c for c in self.chunks if id(c) not in holding]
+        self.chunks = kept
+        for chunk in released:
+            self._release(chunk)
+        live = _covered([(a, n) for (a, n), c in zip(spans, located, strict=True) if c is not None and n > 0])
+        return SealedArena(
+            chunks=kept,
+            places=[
+                None if c is None else (index[id(c)], a - c.base)
+                for (a, _), c in zip(spans, located, strict=True)
+            ],
+            live_bytes=live,
+            dead_bytes=sum(c.nbytes for c in kept) - live,
+            released=len(released),
+        )
+
+    def release_all(self) -> None:
+        """Free every chunk (a fill that failed before its export)."""
+        self.sealed = True
+        chunks, self.chunks = self.chunks, []
+        for chunk in chunks:
+            self._release(chunk)
+
+    def _new_chunk(self, nbytes: int, exact: bool) -> Chunk:
+        base, handle = self._create(nbytes)
+        chunk = Chunk(base, nbytes, handle, exact, free=[(0, nbytes)])
+        bisect.insort(self.chunks, chunk, key=lambda c: c.base)
+        self.peak_bytes = max(self.peak_bytes, self.held_bytes)
+        return chunk
+
+    def _chunk_at(self, address: int) -> Chunk | None:
+        i = bisect.bisect_right([c.base for c in self.chunks], address) - 1
+        if i >= 0 and address < self.chunks[i].base + self.chunks[i].nbytes:
+            return self.chunks[i]
+        return None
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return (n + multiple - 1) // multiple * multiple
+
+
+def _covered(spans: list[tuple[int, int]]) -> int:
+    """Bytes covered by the union of ``spans`` (views of one storage, ties
+    and neighbours may overlap)."""
+    total = 0
+    end = -1
+    for address, nbytes in sorted(spans):
+        if address >= end:
+            total += nbytes
+            end = address + nbytes
+        elif address + nbytes > end:
+            total += address + nbytes - end
+            end = address + nbytes
+    return total

@@ -1,0 +1,160 @@
+"""A torch memory pool whose segments are CUDA VMM chunks wcached exports.
+
+Around vLLM's model construction and weight loading, the loader worker
+routes this thread's allocations into a ``torch.cuda.MemPool`` whose
+allocator is an :class:`~wcached.memory.arena.Arena` of exportable VMM
+chunks (as ModelExpress's VMM arena and Dynamo's GPU Memory Service route
+theirs). The weights are then born in the memory that is exported: the fill
+needs the model's memory once, and makes no copy.
+
+torch resolves a pluggable allocator to two C function pointers
+(``torch._C._cuda_customAllocator``, what ``CUDAPluggableAllocator`` calls
+with symbols of a compiled library); ctypes callbacks are such pointers, so
+nothing is compiled. The callbacks run under torch's allocator lock and take
+the GIL: the fill allocates from one thread only.
+
+The pool and its callbacks are kept for the life of the process (the worker
+exits once it has filled): torch may call the free callback when a pool goes
+(pytorch#145168), and a chunk torch still lists as a cached segment must stay
+mapped until then. A fill that fails leaves its chunks to the process's exit,
+which the worker makes at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from wcached.errors import DeviceError, OutOfMemory
+from wcached.memory.arena import Arena, ArenaError, Chunk, SealedArena
+from wcached.memory.cuda import (
+    export_allocation,
+    map_new_allocation,
+    protect_read_only,
+    unmap_allocation,
+)
+from wcached.protocol.wire import close_fds
+
+if TYPE_CHECKING:
+    from wcached.memory.cuda import CudaBackend
+
+log = logging.getLogger("wcached.cuda")
+
+# Chunks of at most this many bytes (and at most the model's segment_size):
+# the last chunk's unused tail is the most a fill holds beyond the weights
+# and torch's rounding, and each chunk is one fd of an attach.
+CHUNK_BYTES = 1 << 30
+
+_ALLOC = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p)
+_FREE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p)
+
+# Every arena of this process, with its pool and callbacks (see above).
+_KEPT: list[Any] = []
+
+
+def unsupported_reason() -> str | None:
+    """Why this torch cannot route allocations to an arena, or None."""
+    try:
+        import torch
+    except ImportError:
+        return "torch is not importable"
+    missing = [
+        name
+        for name, where in (
+            ("torch.cuda.MemPool", torch.cuda),
+            ("torch.cuda.use_mem_pool", torch.cuda),
+            ("torch._C._cuda_customAllocator", torch._C),
+        )
+        if not hasattr(where, name.rsplit(".", 1)[1])
+    ]
+    return f"this torch ({torch.__version__}) has no {', '.join(missing)}" if missing else None
+
+
+class CudaArena:
+    """One fill's arena on the backend's GPU, and the torch pool over it."""
+
+    def __init__(self, backend: CudaBackend, chunk_bytes: int, label: str):
+        import torch
+
+        self.backend = backend
+        self.label = label
+        chunk = max(backend.granularity, min(chunk_bytes, CHUNK_BYTES))
+        chunk -= chunk % backend.granularity
+        self.arena = Arena(chunk, backend.granularity, self._create, self._release)
+        # What a callback could not do: torch sees a null pointer (and raises
+        # its OutOfMemoryError); the fill reports this instead.
+        self.error: BaseException | None = None
+        self._alloc_fn = _ALLOC(self._alloc)
+        self._free_fn = _FREE(self._free)
+        self._allocator = torch._C._cuda_customAllocator(
+            ctypes.cast(self._alloc_fn, ctypes.c_void_p).value,
+            ctypes.cast(self._free_fn, ctypes.c_void_p).value,
+        )
+        self.pool = torch.cuda.MemPool(self._allocator)
+        _KEPT.append(self)
+
+    @contextlib.contextmanager
+    def allocating(self) -> Iterator[None]:
+        """This thread's CUDA allocations come from the arena meanwhile."""
+        import torch
+
+        try:
+            with torch.cuda.use_mem_pool(self.pool, device=torch.device("cuda", self.backend.ordinal)):
+                yield
+        except Exception as e:
+            if self.error is not None:
+                raise self.error from e
+            raise
+
+    def seal(self, spans: Sequence[tuple[int, int]]) -> tuple[SealedArena, list[int]]:
+        """Export the chunks that hold ``spans`` (one fd each, in the order of
+        ``SealedArena.chunks``); release the others. This process's own
+        mapping of what is exported becomes read-only."""
+        import torch
+
+        torch.cuda.synchronize(self.backend.ordinal)
+        sealed = self.arena.seal(spans)
+        fds: list[int] = []
+        try:
+            for chunk in sealed.chunks:
+                fds.append(export_allocation(self.backend.cu, chunk.handle))
+            for chunk in sealed.chunks:
+                protect_read_only(self.backend, chunk.base, chunk.nbytes)
+        except BaseException:
+            close_fds(fds)
+            raise
+        return sealed, fds
+
+    # -- the allocator's callbacks (they must not raise) --------------------
+
+    def _alloc(self, nbytes: int, device: int, stream: Any) -> int:
+        try:
+            address = self.arena.alloc(nbytes)
+            self.error = None  # torch retries after freeing its cache
+            return address
+        except (OutOfMemory, DeviceError, ArenaError) as e:
+            self.error = e
+        except Exception as e:  # a bug: reported by the fill, not lost in torch
+            self.error = DeviceError(f"arena of {self.label}: {type(e).__name__}: {e}")
+        return 0
+
+    def _free(self, address: int | None, nbytes: int, device: int, stream: Any) -> None:
+        try:
+            self.arena.free(address or 0)
+        except ArenaError as e:
+            # After the seal, torch may let go of a chunk released then for
+            # holding no weight; anything else is worth a line.
+            if not self.arena.sealed:
+                log.warning("arena of %s: %s", self.label, e)
+        except Exception as e:  # torch cannot be told
+            log.warning("arena of %s: %s: %s", self.label, type(e).__name__, e)
+
+    def _create(self, nbytes: int) -> tuple[int, Any]:
+        handle, va = map_new_allocation(self.backend, nbytes, f"model {self.label}'s weights")
+        return va, handle
+
+    def _release(self, chunk: Chunk) -> None:
+        unmap_allocation(self.backend.cu, chunk.base, chunk.nbytes, chunk.handle)
