@@ -15,11 +15,12 @@ numbers in the tests):
 
 - a request of half a chunk or more gets a chunk of its own, of its size
   (rounded up to the handle granularity), so big tensors waste nothing;
-- a smaller one goes first-fit into the chunks made so far, else into a new
-  chunk of ``chunk_bytes``;
-- a freed range joins its neighbours, and a chunk left empty is released
-  at once (a transient of the load, such as a layer quantized from bf16,
-  gives its memory back).
+- a smaller one goes into the first chunk made so far with room at its
+  end, else into a new chunk of ``chunk_bytes``.
+
+Nothing is given back before the seal: torch returns a pool's segments to
+its allocator only once the pool itself is gone, and keeps what the load
+freed (a layer quantized from bf16, say) cached for the load's next requests.
 
 :meth:`Arena.seal` then says which chunks hold the given byte spans (the
 model's storages), releases those that hold none, and counts the bytes of the
@@ -31,7 +32,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 # Requests are placed at multiples of this (torch asks for multiples of it).
@@ -39,44 +40,26 @@ PLACEMENT_ALIGN = 2 << 20
 
 
 class ArenaError(Exception):
-    """A request the arena cannot place (sealed, or a chunk not made)."""
+    """A request the arena cannot place (sealed, or of no bytes)."""
 
 
 @dataclass
 class Chunk:
-    """One exportable allocation, and which of its bytes are handed out."""
+    """One exportable allocation, handed out front to back."""
 
     base: int  # device address of its first byte
     nbytes: int
     handle: Any  # what ``create`` returned beside the address
     exact: bool  # made for one request (half a chunk or more)
-    # Free ranges, (offset, nbytes), sorted by offset and never adjacent.
-    free: list[tuple[int, int]] = field(default_factory=list)
-    # Handed-out ranges: offset -> nbytes.
-    used: dict[int, int] = field(default_factory=dict)
+    top: int = 0  # bytes handed out from its start
 
     def take(self, nbytes: int) -> int | None:
-        """The offset of the first free range that fits ``nbytes``, now used."""
-        for i, (offset, size) in enumerate(self.free):
-            if size >= nbytes:
-                if size == nbytes:
-                    del self.free[i]
-                else:
-                    self.free[i] = (offset + nbytes, size - nbytes)
-                self.used[offset] = nbytes
-                return offset
-        return None
-
-    def give_back(self, offset: int) -> None:
-        nbytes = self.used.pop(offset)
-        i = bisect.bisect(self.free, (offset, 0))
-        if i < len(self.free) and offset + nbytes == self.free[i][0]:
-            nbytes += self.free.pop(i)[1]
-        if i > 0 and self.free[i - 1][0] + self.free[i - 1][1] == offset:
-            offset, before = self.free.pop(i - 1)
-            nbytes += before
-            i -= 1
-        self.free.insert(i, (offset, nbytes))
+        """The address of ``nbytes`` more at the chunk's end, if they fit."""
+        if self.nbytes - self.top < nbytes:
+            return None
+        address = self.base + self.top
+        self.top += nbytes
+        return address
 
     def contains(self, address: int, nbytes: int) -> bool:
         return self.base <= address and address + nbytes <= self.base + self.nbytes
@@ -113,7 +96,6 @@ class Arena:
         self._release = release
         self.chunks: list[Chunk] = []  # sorted by base
         self.sealed = False
-        self.peak_bytes = 0  # the most bytes of chunks held at once
 
     @property
     def held_bytes(self) -> int:
@@ -129,26 +111,15 @@ class Arena:
         if want * 2 < self.chunk_bytes:
             for chunk in self.chunks:
                 if not chunk.exact:
-                    offset = chunk.take(want)
-                    if offset is not None:
-                        return chunk.base + offset
+                    address = chunk.take(want)
+                    if address is not None:
+                        return address
             chunk = self._new_chunk(self.chunk_bytes, exact=False)
         else:
             chunk = self._new_chunk(_round_up(want, self.granularity), exact=True)
-        offset = chunk.take(want)
-        assert offset == 0  # a new chunk is empty
-        return chunk.base
-
-    def free(self, address: int) -> None:
-        """Take back what :meth:`alloc` gave at ``address``; a chunk left
-        empty is released (before the seal: after it, chunks are exported)."""
-        chunk = self._chunk_at(address)
-        if chunk is None or address - chunk.base not in chunk.used:
-            raise ArenaError(f"free of {address:#x}, which this arena did not give")
-        chunk.give_back(address - chunk.base)
-        if not chunk.used and not self.sealed:
-            self.chunks.remove(chunk)
-            self._release(chunk)
+        address = chunk.take(want)
+        assert address == chunk.base  # a new chunk is empty
+        return address
 
     def seal(self, spans: Sequence[tuple[int, int]]) -> SealedArena:
         """No more requests; the chunks that hold ``spans`` (address, nbytes)
@@ -181,18 +152,10 @@ class Arena:
             released=len(released),
         )
 
-    def release_all(self) -> None:
-        """Free every chunk (a fill that failed before its export)."""
-        self.sealed = True
-        chunks, self.chunks = self.chunks, []
-        for chunk in chunks:
-            self._release(chunk)
-
     def _new_chunk(self, nbytes: int, exact: bool) -> Chunk:
         base, handle = self._create(nbytes)
-        chunk = Chunk(base, nbytes, handle, exact, free=[(0, nbytes)])
+        chunk = Chunk(base, nbytes, handle, exact)
         bisect.insort(self.chunks, chunk, key=lambda c: c.base)
-        self.peak_bytes = max(self.peak_bytes, self.held_bytes)
         return chunk
 
     def _chunk_at(self, address: int) -> Chunk | None:

@@ -13,18 +13,21 @@ with symbols of a compiled library); ctypes callbacks are such pointers, so
 nothing is compiled. The callbacks run under torch's allocator lock and take
 the GIL: the fill allocates from one thread only.
 
-The pool and its callbacks are kept for the life of the process (the worker
-exits once it has filled): torch may call the free callback when a pool goes
-(pytorch#145168), and a chunk torch still lists as a cached segment must stay
-mapped until then. A fill that fails leaves its chunks to the process's exit,
-which the worker makes at once.
+torch gives a pool's segments back to its allocator only once the pool is
+gone, and a fill's pool lives as long as its process (the worker exits once
+it has filled): so the free function is one that does nothing and needs no
+Python (libc's ``getpid``, whose result is ignored). A Python callback there
+would be called as the interpreter shuts down, after ctypes freed it, and
+the worker would die of SIGSEGV on its way out (a test process with one did,
+on the H200). A fill
+that fails leaves its chunks to the process's exit, which the worker makes
+at once.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import logging
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -41,7 +44,6 @@ from wcached.protocol.wire import close_fds
 if TYPE_CHECKING:
     from wcached.memory.cuda import CudaBackend
 
-log = logging.getLogger("wcached.cuda")
 
 # Chunks of at most this many bytes (and at most the model's segment_size):
 # the last chunk's unused tail is the most a fill holds beyond the weights
@@ -49,9 +51,10 @@ log = logging.getLogger("wcached.cuda")
 CHUNK_BYTES = 1 << 30
 
 _ALLOC = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p)
-_FREE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p)
+# free(ptr, size, device, stream): a C function that touches none of them.
+_NO_FREE = ctypes.cast(ctypes.CDLL(None).getpid, ctypes.c_void_p).value
 
-# Every arena of this process, with its pool and callbacks (see above).
+# Every arena of this process, with its pool and callback (see above).
 _KEPT: list[Any] = []
 
 
@@ -88,10 +91,8 @@ class CudaArena:
         # its OutOfMemoryError); the fill reports this instead.
         self.error: BaseException | None = None
         self._alloc_fn = _ALLOC(self._alloc)
-        self._free_fn = _FREE(self._free)
         self._allocator = torch._C._cuda_customAllocator(
-            ctypes.cast(self._alloc_fn, ctypes.c_void_p).value,
-            ctypes.cast(self._free_fn, ctypes.c_void_p).value,
+            ctypes.cast(self._alloc_fn, ctypes.c_void_p).value, _NO_FREE
         )
         self.pool = torch.cuda.MemPool(self._allocator)
         _KEPT.append(self)
@@ -128,7 +129,7 @@ class CudaArena:
             raise
         return sealed, fds
 
-    # -- the allocator's callbacks (they must not raise) --------------------
+    # -- the allocator's callback (it must not raise) ----------------------
 
     def _alloc(self, nbytes: int, device: int, stream: Any) -> int:
         try:
@@ -140,17 +141,6 @@ class CudaArena:
         except Exception as e:  # a bug: reported by the fill, not lost in torch
             self.error = DeviceError(f"arena of {self.label}: {type(e).__name__}: {e}")
         return 0
-
-    def _free(self, address: int | None, nbytes: int, device: int, stream: Any) -> None:
-        try:
-            self.arena.free(address or 0)
-        except ArenaError as e:
-            # After the seal, torch may let go of a chunk released then for
-            # holding no weight; anything else is worth a line.
-            if not self.arena.sealed:
-                log.warning("arena of %s: %s", self.label, e)
-        except Exception as e:  # torch cannot be told
-            log.warning("arena of %s: %s: %s", self.label, type(e).__name__, e)
 
     def _create(self, nbytes: int) -> tuple[int, Any]:
         handle, va = map_new_allocation(self.backend, nbytes, f"model {self.label}'s weights")
