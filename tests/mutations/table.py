@@ -1215,4 +1215,43 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/client/test_attach.py::test_experts_arrive_as_runs_and_view_the_checkpoints_bytes",),
         function="HeldModel.manifest_for",
     ),
+    Mutation(
+        "a weight reaching past its chunk's end is exported from it",
+        "wcached/memory/arena.py",
+        "            if chunk is not None and not chunk.contains(address, nbytes):\n"
+        "                chunk = None\n",
+        "",
+        ("tests/memory/test_arena.py::test_a_span_crossing_a_chunks_end_is_not_placed",),
+        function="Arena.seal",
+    ),
+    Mutation(
+        "chunks holding no weight are exported with the model",
+        "wcached/memory/arena.py",
+        "        kept = [c for c in self.chunks if id(c) in holding]",
+        "        kept = list(self.chunks)",
+        ("tests/memory/test_arena.py::test_seal_keeps_the_chunks_holding_spans_and_releases_the_rest",),
+        function="Arena.seal",
+    ),
+    Mutation(
+        "a chunk hands out bytes past its end",
+        "wcached/memory/arena.py",
+        "        if self.nbytes - self.top < nbytes:",
+        "        if self.nbytes < nbytes:",
+        (
+            "tests/memory/test_arena.py::test_a_request_that_does_not_fit_opens_a_new_chunk_and_later_ones_fill_earlier_tails",
+            "tests/memory/test_arena.py::test_random_requests_never_overlap_and_stay_inside_their_chunks",
+        ),
+        function="Chunk.take",
+    ),
+    Mutation(
+        "a weight off the model's alignment is served where vLLM built it",
+        "wcached/loaders/vllm/fill.py",
+        "g.nbytes and g.start % alignment == 0 else",
+        "g.nbytes else",
+        (
+            "tests/loaders/test_vllm_helpers.py::"
+            "test_storages_in_the_arena_are_placed_in_its_chunks_and_the_rest_left_to_copy",
+        ),
+        function="_export_arena",
+    ),
 )
