@@ -111,7 +111,8 @@ class ModelConfig(
     # Device memory is allocated in segments of this size ("4GiB", "512MiB");
     # a tensor larger than it gets a segment of its own. Each segment is one
     # fd in systemd's fd store (FileDescriptorStoreMax=, 4096 in the unit),
-    # so a model needs size / segment_size + 1 of them to survive a restart.
+    # so a model needs size / segment_size + 1 of them to survive a restart
+    # (a vLLM fill built in place: chunks of at most 1 GiB, size / 1 GiB + 2).
     # (Parsed to bytes when the config is read: see parsed().)
     segment_size: int | str = "4GiB"
     # How the cache key identifies the checkpoint: "header" hashes file
