@@ -139,7 +139,7 @@ class _HostArena:
         self.memory = (ctypes.c_char * (96 << 20))()  # chunks live inside it
         base = ctypes.addressof(self.memory)
         self.next = base + (-base) % (2 << 20)
-        self.arena = Arena(16 << 20, 2 << 20, self._create, lambda chunk: None)
+        self.arena = Arena(16 << 20, 2 << 20, self._create)
 
     def _create(self, nbytes: int):
         base, self.next = self.next, self.next + nbytes
@@ -197,3 +197,44 @@ def test_with_no_chunk_kept_every_storage_is_copied() -> None:
     storages = group_by_storage([("w", torch.ones(3), "param"), ("empty", torch.zeros(0), "buffer")])
     placed, sizes, fds = _export_arena(arena, storages, 256, PhaseClock())
     assert placed == [None, None] and sizes == [] and fds == []
+
+
+def test_a_storage_off_the_alignment_alone_in_its_chunk_is_copied() -> None:
+    from wcached.loaders.vllm.fill import _export_arena
+
+    arena = _HostArena()
+    odd = arena.tensor(arena.arena.alloc(10 << 20) + 256, 1000)  # alone in an exact chunk
+    (group,) = group_by_storage([("odd", odd, "param")], alignment=512)
+    placed, sizes, _ = _export_arena(arena, [group], 512, PhaseClock())
+    # Copied; its chunk stays exported (and mapped) under it meanwhile.
+    assert placed == [None] and sizes == [10 << 20]
+
+
+def test_storages_copied_after_the_chunks_are_numbered_after_them() -> None:
+    from wcached.loaders.vllm.fill import _copy_storages, _PeakMemory
+
+    w = torch.arange(1000, dtype=torch.float32)
+    storages = group_by_storage([("w", w, "param"), ("b", torch.ones(7), "buffer")])
+    infos: dict = {}
+    reported: list[int] = []
+    model = VllmModel(name="m", path="p", segment_size=4096)
+    sizes, fds = _copy_storages(
+        model,
+        HostBackend(),
+        storages,
+        first_segment=3,
+        infos=infos,
+        algorithm="",
+        clock=PhaseClock(),
+        peak=_PeakMemory(HostBackend()),
+        report=reported.append,
+    )
+    try:
+        # Two segments of their own (4000 bytes fill the first), after the 3 chunks.
+        assert [infos[n].segment for n in ("w", "b")] == [3, 4] and len(sizes) == len(fds) == 2
+        assert infos["w"].offset == 0 and infos["b"].offset == 0
+        assert reported == [4000, 28]
+        assert os.pread(fds[0], 8, 0) == torch.arange(2, dtype=torch.float32).numpy().tobytes()
+    finally:
+        for fd in fds:
+            os.close(fd)

@@ -55,7 +55,7 @@ def test_tensors_built_in_the_arena_are_exported_without_a_copy_and_read_back_el
         del scratch
         spans = [(t.data_ptr(), t.numel() * t.element_size()) for t in keep + [outside]]
         sealed, fds = arena.seal(spans)
-        print("chunks", len(sealed.chunks), "released", sealed.released, "outside", sealed.places[-1])
+        print("chunks", len(sealed.chunks), "unexported", sealed.unexported, "outside", sealed.places[-1])
         assert len(fds) == len(sealed.chunks) == 2
         # The process's own mapping is read-only now.
         try:
@@ -69,7 +69,7 @@ def test_tensors_built_in_the_arena_are_exported_without_a_copy_and_read_back_el
         os._exit(0)
         """
     )
-    assert "chunks 2 released 1 outside None" in out, out
+    assert "chunks 2 unexported 1 outside None" in out, out
     assert "write refused" in out, out
 
 

@@ -1229,7 +1229,9 @@ MUTATIONS: tuple[Mutation, ...] = (
         "wcached/memory/arena.py",
         "        kept = [c for c in self.chunks if id(c) in holding]",
         "        kept = list(self.chunks)",
-        ("tests/memory/test_arena.py::test_seal_keeps_the_chunks_holding_spans_and_releases_the_rest",),
+        (
+            "tests/memory/test_arena.py::test_seal_exports_the_chunks_holding_spans_and_keeps_the_rest_unexported",
+        ),
         function="Arena.seal",
     ),
     Mutation(
@@ -1246,12 +1248,23 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "a weight off the model's alignment is served where vLLM built it",
         "wcached/loaders/vllm/fill.py",
-        "g.nbytes and g.start % alignment == 0 else",
-        "g.nbytes else",
+        "        elif place is None or place[1] % alignment:",
+        "        elif place is None:",
         (
             "tests/loaders/test_vllm_helpers.py::"
             "test_storages_in_the_arena_are_placed_in_its_chunks_and_the_rest_left_to_copy",
+            "tests/loaders/test_vllm_helpers.py::test_a_storage_off_the_alignment_alone_in_its_chunk_is_copied",
         ),
         function="_export_arena",
+    ),
+    Mutation(
+        "storages copied after the chunks name the chunks' segments",
+        "wcached/loaders/vllm/fill.py",
+        "            _record(infos, group, first_segment + p.segment, p.offset)",
+        "            _record(infos, group, p.segment, p.offset)",
+        (
+            "tests/loaders/test_vllm_helpers.py::test_storages_copied_after_the_chunks_are_numbered_after_them",
+        ),
+        function="_copy_storages",
     ),
 )

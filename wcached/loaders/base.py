@@ -112,7 +112,8 @@ class ModelConfig(
     # a tensor larger than it gets a segment of its own. Each segment is one
     # fd in systemd's fd store (FileDescriptorStoreMax=, 4096 in the unit),
     # so a model needs size / segment_size + 1 of them to survive a restart
-    # (a vLLM fill built in place: chunks of at most 1 GiB, size / 1 GiB + 2).
+    # (a vLLM fill built in place: 1 GiB chunks, and one of its own for each
+    # tensor of half a chunk or more: 16 for an 8B Llama, ~141 for a 70B).
     # (Parsed to bytes when the config is read: see parsed().)
     segment_size: int | str = "4GiB"
     # How the cache key identifies the checkpoint: "header" hashes file

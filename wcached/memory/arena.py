@@ -10,8 +10,7 @@ segment of the manifest, and a weight's place is its chunk and offset: no
 second copy of the model, and no copy step.
 
 This module is the placement alone, over chunks that a ``create`` callback
-makes and a ``release`` callback frees (CUDA VMM in the worker, plain
-numbers in the tests):
+makes (CUDA VMM in the worker, plain numbers in the tests):
 
 - a request of half a chunk or more gets a chunk of its own, of its size
   (rounded up to the handle granularity), so big tensors waste nothing;
@@ -23,9 +22,9 @@ its allocator only once the pool itself is gone, and keeps what the load
 freed (a layer quantized from bf16, say) cached for the load's next requests.
 
 :meth:`Arena.seal` then says which chunks hold the given byte spans (the
-model's storages), releases those that hold none, and counts the bytes of the
-kept chunks that no span uses (torch's rounding and the load's freed
-temporaries), which are exported with them.
+model's storages) and counts the bytes of those chunks that no span uses
+(torch's rounding, the load's freed temporaries, the last chunk's tail),
+which are exported with them.
 """
 
 from __future__ import annotations
@@ -75,7 +74,9 @@ class SealedArena:
     places: list[tuple[int, int] | None]
     live_bytes: int  # bytes of the kept chunks that the spans cover
     dead_bytes: int  # bytes of the kept chunks that none covers
-    released: int  # chunks released for holding no span
+    # Chunks holding no span: not exported, and not released either (a
+    # tensor torch still has may live in one; the worker's exit frees them).
+    unexported: int
 
 
 class Arena:
@@ -86,14 +87,12 @@ class Arena:
         chunk_bytes: int,
         granularity: int,
         create: Callable[[int], tuple[int, Any]],
-        release: Callable[[Chunk], None],
     ):
         if chunk_bytes < granularity or chunk_bytes % granularity:
             raise ValueError(f"chunk of {chunk_bytes} bytes is not a multiple of {granularity}")
         self.chunk_bytes = chunk_bytes
         self.granularity = granularity
         self._create = create
-        self._release = release
         self.chunks: list[Chunk] = []  # sorted by base
         self.sealed = False
 
@@ -122,8 +121,8 @@ class Arena:
         return address
 
     def seal(self, spans: Sequence[tuple[int, int]]) -> SealedArena:
-        """No more requests; the chunks that hold ``spans`` (address, nbytes)
-        are kept, the others released."""
+        """No more requests; which chunks hold ``spans`` (address, nbytes):
+        those are exported, in address order."""
         self.sealed = True
         holding: dict[int, Chunk] = {}
         located: list[Chunk | None] = []
@@ -136,10 +135,6 @@ class Arena:
                 holding[id(chunk)] = chunk
         kept = [c for c in self.chunks if id(c) in holding]
         index = {id(c): i for i, c in enumerate(kept)}
-        released = [c for c in self.chunks if id(c) not in holding]
-        self.chunks = kept
-        for chunk in released:
-            self._release(chunk)
         live = _covered([(a, n) for (a, n), c in zip(spans, located, strict=True) if c is not None and n > 0])
         return SealedArena(
             chunks=kept,
@@ -149,7 +144,7 @@ class Arena:
             ],
             live_bytes=live,
             dead_bytes=sum(c.nbytes for c in kept) - live,
-            released=len(released),
+            unexported=len(self.chunks) - len(kept),
         )
 
     def _new_chunk(self, nbytes: int, exact: bool) -> Chunk:

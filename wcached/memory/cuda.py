@@ -3,8 +3,10 @@
 Loader-worker side: ``cuMemCreate`` with a POSIX-fd handle type, a temporary
 read-write mapping to fill it from pinned staging buffers (reads overlapped
 with host-to-device copies), then ``cuMemExportToShareableHandle``. The worker
-releases its own handle and mapping; the exported fd alone keeps the
-allocation alive, in the daemon, in systemd's fd store, or in an engine.
+releases its own handle and mapping (a vLLM fill built in place keeps them,
+read-only, until it exits: :mod:`wcached.memory.cuda_arena`); the exported fd
+then alone keeps the allocation alive, in the daemon, in systemd's fd store,
+or in an engine.
 
 Client side: import each fd, map all segments into one address reservation,
 ``cuMemSetAccess`` with ``PROT_READ`` (a write faults in the writer, never

@@ -10,8 +10,10 @@ needs the model's memory once, and makes no copy.
 torch resolves a pluggable allocator to two C function pointers
 (``torch._C._cuda_customAllocator``, what ``CUDAPluggableAllocator`` calls
 with symbols of a compiled library); ctypes callbacks are such pointers, so
-nothing is compiled. The callbacks run under torch's allocator lock and take
-the GIL: the fill allocates from one thread only.
+nothing is compiled. The callback runs under torch's allocator lock and
+takes the GIL, so a second thread that held the GIL while it waited for that
+lock (allocating or freeing CUDA memory) would deadlock the two: the loader
+worker runs no other thread that touches CUDA.
 
 torch gives a pool's segments back to its allocator only once the pool is
 gone, and a fill's pool lives as long as its process (the worker exits once
@@ -32,13 +34,8 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from wcached.errors import DeviceError, OutOfMemory
-from wcached.memory.arena import Arena, ArenaError, Chunk, SealedArena
-from wcached.memory.cuda import (
-    export_allocation,
-    map_new_allocation,
-    protect_read_only,
-    unmap_allocation,
-)
+from wcached.memory.arena import Arena, ArenaError, SealedArena
+from wcached.memory.cuda import export_allocation, map_new_allocation, protect_read_only
 from wcached.protocol.wire import close_fds
 
 if TYPE_CHECKING:
@@ -86,7 +83,7 @@ class CudaArena:
         self.label = label
         chunk = max(backend.granularity, min(chunk_bytes, CHUNK_BYTES))
         chunk -= chunk % backend.granularity
-        self.arena = Arena(chunk, backend.granularity, self._create, self._release)
+        self.arena = Arena(chunk, backend.granularity, self._create)
         # What a callback could not do: torch sees a null pointer (and raises
         # its OutOfMemoryError); the fill reports this instead.
         self.error: BaseException | None = None
@@ -102,18 +99,21 @@ class CudaArena:
         """This thread's CUDA allocations come from the arena meanwhile."""
         import torch
 
+        self.error = None
         try:
             with torch.cuda.use_mem_pool(self.pool, device=torch.device("cuda", self.backend.ordinal)):
                 yield
         except Exception as e:
+            # torch's report of the null pointer the callback returned (the
+            # error is cleared by every request that succeeds after it).
             if self.error is not None:
                 raise self.error from e
             raise
 
     def seal(self, spans: Sequence[tuple[int, int]]) -> tuple[SealedArena, list[int]]:
         """Export the chunks that hold ``spans`` (one fd each, in the order of
-        ``SealedArena.chunks``); release the others. This process's own
-        mapping of what is exported becomes read-only."""
+        ``SealedArena.chunks``); this process's own mapping of them becomes
+        read-only."""
         import torch
 
         torch.cuda.synchronize(self.backend.ordinal)
@@ -145,6 +145,3 @@ class CudaArena:
     def _create(self, nbytes: int) -> tuple[int, Any]:
         handle, va = map_new_allocation(self.backend, nbytes, f"model {self.label}'s weights")
         return va, handle
-
-    def _release(self, chunk: Chunk) -> None:
-        unmap_allocation(self.backend.cu, chunk.base, chunk.nbytes, chunk.handle)

@@ -20,10 +20,13 @@ step ever runs twice over the weights:
   are listed in ``attrs["vllm.processed_modules"]`` so that the engine marks
   them done instead of processing them again.
 
-Memory: each storage (tied weights and views share one) is copied into the
-segment being filled and then freed with ``untyped_storage().resize_(0)``,
-segment by segment, so a fill needs the weights once plus one segment, not
-twice.
+Memory: on a GPU, vLLM builds the model in an arena of exportable chunks
+(:mod:`wcached.memory.cuda_arena`): the chunks are the segments, and the fill
+needs the weights once. Elsewhere (the host, ``build_in_place = false``, what
+torch placed outside the arena) each storage (tied weights and views share
+one) is copied into the segment being filled and then freed with
+``untyped_storage().resize_(0)``, segment by segment: the weights once plus
+one segment, not twice.
 """
 
 from __future__ import annotations
@@ -361,7 +364,7 @@ def fill(model: VllmModel, backend: MemoryBackend, instance: str, progress: Prog
     import torch
 
     clock = PhaseClock()
-    device_type = "cpu" if backend.name == "host" else "cuda"
+    device_type = _device_type(backend)
     if device_type != "cpu":
         # This model's peak, not the last one's (measurement only).
         with contextlib.suppress(RuntimeError):
@@ -481,6 +484,11 @@ def fill(model: VllmModel, backend: MemoryBackend, instance: str, progress: Prog
     return FilledModel(manifest, fds, clock.total(), clock.phases, peak_device_bytes=peak.bytes)
 
 
+def _device_type(backend: MemoryBackend) -> str:
+    """The torch device type a model is built on for ``backend``."""
+    return "cpu" if backend.name == "host" else "cuda"
+
+
 def _open_arena(model: VllmModel, backend: MemoryBackend) -> Any:
     """The arena the model is built in, or None to copy it (the model asks
     to, or this torch cannot route its allocations)."""
@@ -505,28 +513,43 @@ def _export_arena(
 ) -> tuple[list[tuple[int, int] | None], list[int], list[int]]:
     """Export the arena's chunks that hold storages: where each storage is
     (segment, offset), or None to copy it; the segments' sizes; their fds."""
-    # A chunk starts at a multiple of the handle granularity (>= any
-    # alignment a model may ask for), so a storage keeps its alignment in its
-    # chunk exactly when its address has it.
-    spans = [(g.start, g.nbytes) if g.nbytes and g.start % alignment == 0 else (0, 0) for g in storages]
-    sealed, fds = arena.seal(spans)
-    placed = [p if g.nbytes else None for p, g in zip(sealed.places, storages, strict=True)]
-    if sealed.chunks:
-        # Empty tensors need a segment to name; the first has room for none.
-        placed = [(0, 0) if not g.nbytes else p for p, g in zip(placed, storages, strict=True)]
+    sealed, fds = arena.seal([(g.start, g.nbytes) for g in storages])
+    placed: list[tuple[int, int] | None] = []
+    for place, g in zip(sealed.places, storages, strict=True):
+        if not g.nbytes:
+            # Empty tensors need a segment to name; the first has room for none.
+            placed.append((0, 0) if sealed.chunks else None)
+        elif place is None or place[1] % alignment:
+            # Elsewhere, or off the model's alignment in its chunk (torch
+            # places blocks at 512 bytes): copied, its chunk exported unused.
+            placed.append(None)
+        else:
+            placed.append(place)
     clock.lap("export")
-    held = sum(c.nbytes for c in sealed.chunks)
+    copied = [g for p, g in zip(placed, storages, strict=True) if p is None and g.nbytes]
     log.info(
         "%s built in place: %d segments of %.2f GiB, %.2f GiB of it held by no tensor "
-        "(torch's rounding, the load's freed buffers); %d unused chunks released, %d storages to copy",
+        "(torch's rounding, the load's freed buffers, the last chunk's tail); "
+        "%d chunks holding none not exported; %d storages to copy",
         arena.label,
         len(sealed.chunks),
-        held / 2**30,
+        sum(c.nbytes for c in sealed.chunks) / 2**30,
         sealed.dead_bytes / 2**30,
-        sealed.released,
-        sum(1 for p, g in zip(placed, storages, strict=True) if p is None and g.nbytes),
+        sealed.unexported,
+        len(copied),
         extra={"model": arena.label},
     )
+    if copied:
+        log.warning(
+            "%s: %d storages (%.2f GiB, the first %s) were not built where they are served and are "
+            "copied (torch placed them outside the arena, or off the model's alignment of %d)",
+            arena.label,
+            len(copied),
+            sum(g.nbytes for g in copied) / 2**30,
+            copied[0].members[0][0],
+            alignment,
+            extra={"model": arena.label},
+        )
     return placed, [c.nbytes for c in sealed.chunks], fds
 
 
@@ -575,7 +598,7 @@ def _copy_storages(
 
     if not storages:
         return [], []
-    on_gpu = backend.name != "host"
+    on_gpu = _device_type(backend) != "cpu"
     placements, seg_sizes = plan_layout(
         ((g.members[0][0], g.nbytes) for g in storages), model.segment_bytes, model.alignment
     )
