@@ -426,3 +426,19 @@ def other_users_can_run_python() -> bool:
     except KeyError:
         return False
     return os.getuid() == 0 and not sys.executable.startswith("/root")
+
+
+def fill_backlog(path: str) -> list[socket.socket]:
+    """Connect to the Unix socket at ``path`` without blocking until its
+    listen backlog is full (the kernel queues each connect): the sockets
+    queued, for the caller to close."""
+    queued = []
+    while True:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.setblocking(False)
+        try:
+            s.connect(path)
+        except BlockingIOError:
+            s.close()
+            return queued
+        queued.append(s)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import require_other_users, run_as
+from tests.helpers import fill_backlog, require_other_users, run_as
 from wcached.client.connection import DaemonConnection, trusted_daemon_uids
 from wcached.errors import PermissionRefused
 from wcached.protocol.messages import PROTOCOL_VERSION
@@ -245,15 +245,7 @@ def test_a_daemon_whose_backlog_stays_full_times_the_client_out(tmp_path: Path) 
     server.listen(0)
     queued = []
     try:
-        while True:
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            s.setblocking(False)
-            try:
-                s.connect(path)
-            except BlockingIOError:
-                s.close()
-                break
-            queued.append(s)
+        queued += fill_backlog(path)
         started = time.monotonic()
         with pytest.raises(DaemonUnavailable, match=f"^timed out connecting to {path}$"):
             DaemonConnection(path, timeout=0.3)

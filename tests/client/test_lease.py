@@ -48,9 +48,9 @@ def _lease_threads() -> list[str]:
     return [t.name for t in threading.enumerate() if t.name.startswith("wcached-lease")]
 
 
-def test_one_watcher_for_all_attachments_and_a_planned_restart_is_no_warning(
-    work: Path, ckpt: Path, caplog: pytest.LogCaptureFixture
-) -> None:
+def _two_models_attached(work: Path, ckpt: Path):
+    """The config of a daemon serving "target" and "draft" from one
+    checkpoint, the daemon, and this process attached to both."""
     cfg = write_config(
         work / "two.toml",
         models=[
@@ -61,7 +61,13 @@ def test_one_watcher_for_all_attachments_and_a_planned_restart_is_no_warning(
     )
     d = _up(cfg)
     target = attach("target", "cpu0", socket_dir=d.socket_dir)
-    draft = attach("draft", "cpu0", socket_dir=d.socket_dir)
+    return cfg, d, target, attach("draft", "cpu0", socket_dir=d.socket_dir)
+
+
+def test_one_watcher_for_all_attachments_and_a_planned_restart_is_no_warning(
+    work: Path, ckpt: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cfg, d, target, draft = _two_models_attached(work, ckpt)
     try:
         assert _lease_threads() == ["wcached-leases"]
         with caplog.at_level(logging.INFO, "wcached.client"):
@@ -509,17 +515,7 @@ def test_a_lease_whose_watch_fails_ends_alone_and_says_so(
     """One lease's trouble (here its check raising) ends that lease's watch
     with the error logged, naming the model; the process's other leases are
     still followed through the restart."""
-    cfg = write_config(
-        work / "two.toml",
-        models=[
-            {"name": "target", "path": str(ckpt), "segment_size": "64KiB"},
-            {"name": "draft", "path": str(ckpt), "segment_size": "64KiB"},
-        ],
-        daemon={"socket_dir": str(work / "run")},
-    )
-    d = _up(cfg)
-    target = attach("target", "cpu0", socket_dir=d.socket_dir)
-    draft = attach("draft", "cpu0", socket_dir=d.socket_dir)
+    cfg, d, target, draft = _two_models_attached(work, ckpt)
 
     def broken() -> bool:
         raise RuntimeError("a bug in the check")

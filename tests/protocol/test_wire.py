@@ -8,6 +8,7 @@ import threading
 import msgspec
 import pytest
 
+from tests.helpers import fill_backlog
 from wcached.errors import DaemonUnavailable, FrameTooLarge, ProtocolError, TimeoutExpired
 from wcached.protocol.messages import Hello, Request, StatusRequest
 from wcached.protocol.wire import MAX_REQUEST_BYTES, Channel, Deadline, PeerClosed, close_fds, connect
@@ -199,16 +200,7 @@ def test_connect_waits_out_a_full_backlog_until_its_timeout(tmp_path) -> None:
     server.listen(0)
     queued = []
     try:
-        # Fill the backlog (non-blocking connects that the kernel queues).
-        while True:
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            s.setblocking(False)
-            try:
-                s.connect(path)
-            except BlockingIOError:
-                s.close()
-                break
-            queued.append(s)
+        queued += fill_backlog(path)
         with pytest.raises(DaemonUnavailable, match="timed out connecting"):
             connect(path, 0.2)
         threading.Timer(0.3, lambda: [server.accept()[0].close() for _ in queued]).start()
