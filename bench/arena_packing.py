@@ -7,6 +7,11 @@ vLLM constructs them. No GPU: on the H200 the 8B-shaped fill at 1 GiB chunks
 held 1.00 GiB that no tensor used (bench/results/vllm-gpu-fill-memory-20261203),
 which this model of the requests gives too (0.998 GiB).
 
+Each chunk size is packed without an expectation of the model's bytes, and
+with one: the fill's estimate (the checkpoint's bytes and a margin), the
+model's bytes exactly, and 5 % low and high, to show what an estimate that
+is off costs.
+
     python3 bench/arena_packing.py
 """
 
@@ -20,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import LLAMA8B, write_result
 
+from wcached.loaders.vllm.fill import EXPECTED_MARGIN, EXPECTED_SLACK
 from wcached.memory.arena import Arena
 
 MiB = 1 << 20
@@ -39,7 +45,18 @@ def requests(cfg: dict) -> list[int]:
     return [embed] + layer * cfg["num_hidden_layers"] + [h * 2, embed]
 
 
-def pack(sizes: list[int], chunk: int) -> dict:
+def estimate(model: int, how: str | None) -> int | None:
+    """The expected bytes an arena is given: none, the model's exactly, the
+    fill's estimate (wcached.loaders.vllm.fill.expected_bytes's margin over
+    the checkpoint's bytes), or an estimate 5 % off either way."""
+    if how is None:
+        return None
+    if how == "fill":
+        return int(model * (1 + EXPECTED_MARGIN)) + EXPECTED_SLACK
+    return int(model * float(how.rstrip("x")))
+
+
+def pack(sizes: list[int], chunk: int, expected: str | None = None) -> dict:
     bases = [1 << 40]
 
     def create(n: int) -> tuple[int, None]:
@@ -47,7 +64,9 @@ def pack(sizes: list[int], chunk: int) -> dict:
         bases[0] += n + (1 << 30)
         return base, None
 
-    arena = Arena(chunk, SMALL_SEGMENT, create, lambda c: None)
+    model = sum(sizes)
+    # The last chunk may grow to segment_size (4 GiB, as the GPU benchmark's).
+    arena = Arena(chunk, SMALL_SEGMENT, create, estimate(model, expected), 4 << 30)
     spans: list[tuple[int, int]] = []
     small_left = 0
     for n in sizes:
@@ -59,10 +78,10 @@ def pack(sizes: list[int], chunk: int) -> dict:
         else:
             spans.append((arena.alloc(-(-n // SMALL_SEGMENT) * SMALL_SEGMENT), n))
     sealed = arena.seal(spans)
-    model = sum(sizes)
     held = sum(c.nbytes for c in sealed.chunks)
     return {
         "chunk_mib": chunk // MiB,
+        "expected": expected or "-",
         "segments": len(sealed.chunks),
         "model_gib": round(model / 2**30, 3),
         "held_gib": round(held / 2**30, 3),
@@ -74,16 +93,20 @@ def pack(sizes: list[int], chunk: int) -> dict:
 def main() -> None:
     rows = {}
     for name, cfg in (("llama8b", LLAMA8B), ("llama70b", LLAMA70B)):
-        rows[name] = [pack(requests(cfg), c * MiB) for c in (256, 512, 1024, 2048)]
+        rows[name] = [
+            pack(requests(cfg), c * MiB, e)
+            for c in (256, 512, 1024, 2048)
+            for e in (None, "fill", "1.00x", "0.95x", "1.05x")
+        ]
     lines = [
-        "| model | chunk | segments | model GiB | held GiB | unused GiB | held / model |",
-        "|---|---|---|---|---|---|---|",
+        "| model | chunk | expected bytes | segments | model GiB | held GiB | unused GiB | held / model |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, results in rows.items():
         for r in results:
             lines.append(
-                f"| {name} | {r['chunk_mib']} MiB | {r['segments']} | {r['model_gib']} | {r['held_gib']} "
-                f"| {r['unused_gib']} | {r['held_x_model']} |"
+                f"| {name} | {r['chunk_mib']} MiB | {r['expected']} | {r['segments']} | {r['model_gib']} "
+                f"| {r['held_gib']} | {r['unused_gib']} | {r['held_x_model']} |"
             )
     write_result("arena-packing", {"rows": rows}, "\n".join(lines))
     print("\n".join(lines))

@@ -238,3 +238,44 @@ def test_storages_copied_after_the_chunks_are_numbered_after_them() -> None:
     finally:
         for fd in fds:
             os.close(fd)
+
+
+def _two_tensor_checkpoint(tmp_path) -> str:
+    from safetensors.torch import save_file
+
+    save_file(
+        {"w": torch.zeros(1024, 512, dtype=torch.float32), "ids": torch.zeros(256, dtype=torch.int64)},
+        str(tmp_path / "model.safetensors"),
+    )
+    return str(tmp_path)
+
+
+def test_the_arenas_expected_bytes_are_the_checkpoints_as_served_split_over_the_ranks(tmp_path) -> None:
+    from wcached.loaders.vllm.fill import EXPECTED_MARGIN, EXPECTED_SLACK, expected_bytes
+
+    path = _two_tensor_checkpoint(tmp_path)
+
+    def margin(n: float) -> int:
+        return int(n * (1 + EXPECTED_MARGIN)) + EXPECTED_SLACK
+
+    stored = 1024 * 512 * 4 + 256 * 8
+    assert expected_bytes(VllmModel(name="m", path=path)) == margin(stored)
+    # dtype casts the floating tensor, not the integers.
+    assert expected_bytes(VllmModel(name="m", path=path, dtype="bfloat16")) == margin(
+        1024 * 512 * 2 + 256 * 8
+    )
+    assert expected_bytes(
+        VllmModel(name="m", path=path, tensor_parallel_size=2, pipeline_parallel_size=2)
+    ) == (margin(stored / 4))
+
+
+def test_the_arena_expects_nothing_where_the_checkpoint_cannot_say(tmp_path) -> None:
+    from wcached.loaders.vllm.fill import expected_bytes
+
+    path = _two_tensor_checkpoint(tmp_path)
+    # Online quantization: the served bytes are not the checkpoint's.
+    assert expected_bytes(VllmModel(name="m", path=path, engine_args={"quantization": "fp8"})) is None
+    assert expected_bytes(VllmModel(name="m", path=str(tmp_path / "absent"))) is None  # not mounted
+    assert expected_bytes(VllmModel(name="m", path="org/model")) is None  # a hub id
+    (tmp_path / "model.safetensors").write_bytes(b"\xff" * 4)  # truncated: the fill says so, not this
+    assert expected_bytes(VllmModel(name="m", path=path)) is None

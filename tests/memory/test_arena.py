@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from wcached.memory.arena import PLACEMENT_ALIGN, Arena, ArenaError
+from wcached.memory.arena import OVERFLOW_CHUNK, PLACEMENT_ALIGN, Arena, ArenaError
 
 MiB = 1 << 20
 GRAIN = 2 * MiB
@@ -68,6 +68,70 @@ def test_half_a_chunk_or_more_gets_an_exact_chunk_of_its_own():
     small = a.alloc(2 * MiB)  # never placed in an exact chunk's tail
     assert dev.made == [32 * MiB, 102 * MiB, 64 * MiB]
     assert [c.nbytes for c in a.chunks if c.base == small] == [64 * MiB]
+
+
+def test_a_big_request_goes_into_a_shared_chunks_room_where_it_fits():
+    a, dev = arena()
+    first = a.alloc(2 * MiB)
+    big = a.alloc(40 * MiB)  # more than half a chunk, and the first chunk has room
+    assert dev.made == [64 * MiB]
+    assert big == first + 2 * MiB
+
+
+def test_without_expected_bytes_every_shared_chunk_is_a_whole_chunk():
+    a, dev = arena()
+    for _ in range(5):
+        a.alloc(30 * MiB)
+    assert dev.made == [64 * MiB, 64 * MiB, 64 * MiB]
+
+
+def test_the_last_chunk_is_sized_to_what_is_left_of_the_expected_bytes():
+    # 200 MiB expected in chunks of 64: whole chunks while more than two
+    # chunks' worth is left, then one chunk of the rest.
+    dev = FakeDevice()
+    a = Arena(64 * MiB, GRAIN, dev.create, expected_bytes=200 * MiB, max_chunk_bytes=1 << 30)
+    for _ in range(10):
+        a.alloc(20 * MiB)
+    assert dev.made == [64 * MiB, 64 * MiB, 80 * MiB]  # 3, 3 and 4 requests of 20
+    sealed = a.seal([(c.base, c.top) for c in a.chunks])
+    assert sealed.dead_bytes == 8 * MiB  # the whole chunks' tails; none in the last
+
+
+def test_a_big_tensor_that_comes_last_goes_into_the_last_chunk_not_beside_it():
+    # An untied lm_head after the layers: the last shared chunk, sized to
+    # what is left, has room for it instead of holding the last layer alone.
+    dev = FakeDevice()
+    a = Arena(64 * MiB, GRAIN, dev.create, expected_bytes=180 * MiB, max_chunk_bytes=1 << 30)
+    for _ in range(7):
+        a.alloc(20 * MiB)
+    head = a.alloc(40 * MiB)
+    assert dev.made == [64 * MiB, 120 * MiB]
+    assert a.chunks[1].contains(head, 40 * MiB)
+
+
+def test_the_last_chunk_stays_within_the_largest_segment():
+    dev = FakeDevice()
+    a = Arena(64 * MiB, GRAIN, dev.create, expected_bytes=120 * MiB, max_chunk_bytes=100 * MiB)
+    a.alloc(20 * MiB)
+    assert dev.made == [100 * MiB]
+
+
+def test_past_the_expected_bytes_chunks_double_from_the_overflow_size():
+    dev = FakeDevice()
+    a = Arena(1 << 30, GRAIN, dev.create, expected_bytes=10 * MiB, max_chunk_bytes=1 << 30)
+    a.alloc(10 * MiB)  # the expected bytes, exactly
+    for _ in range(4):  # each fills its chunk: the next one doubles
+        a.alloc(a.chunks[-1].nbytes - a.chunks[-1].top or OVERFLOW_CHUNK)
+    assert dev.made[0] == 10 * MiB
+    assert dev.made[1:] == [OVERFLOW_CHUNK, 2 * OVERFLOW_CHUNK, 4 * OVERFLOW_CHUNK]
+
+
+def test_an_overrun_chunk_is_never_smaller_than_its_request():
+    dev = FakeDevice()
+    a = Arena(1 << 30, GRAIN, dev.create, expected_bytes=2 * MiB, max_chunk_bytes=1 << 30)
+    a.alloc(2 * MiB)
+    a.alloc(300 * MiB)
+    assert dev.made == [2 * MiB, 300 * MiB]
 
 
 def test_a_create_that_fails_leaves_the_arena_as_it_was():

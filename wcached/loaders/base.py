@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 import msgspec
 
+from wcached.dtypes import BY_TORCH_NAME, Dtype
 from wcached.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -113,7 +114,7 @@ class ModelConfig(
     # fd in systemd's fd store (FileDescriptorStoreMax=, 4096 in the unit),
     # so a model needs size / segment_size + 1 of them to survive a restart
     # (a vLLM fill built in place: 1 GiB chunks, and one of its own for each
-    # tensor of half a chunk or more: 16 for an 8B Llama, ~141 for a 70B).
+    # tensor of half a chunk or more: 15 for an 8B Llama, ~141 for a 70B).
     # (Parsed to bytes when the config is read: see parsed().)
     segment_size: int | str = "4GiB"
     # How the cache key identifies the checkpoint: "header" hashes file
@@ -139,6 +140,13 @@ class ModelConfig(
     @property
     def segment_bytes(self) -> int:
         return parse_size(self.segment_size, "segment_size")
+
+    def served_dtype(self, stored: Dtype) -> Dtype:
+        """A stored tensor's dtype as served: ``dtype`` casts floating
+        tensors; "auto", fp8 and integers keep the checkpoint's."""
+        if self.dtype == "auto" or not stored.castable:
+            return stored
+        return BY_TORCH_NAME[self.dtype]
 
     def parsed(self) -> ModelConfig:
         """This table with its sizes as integers: the one form that is

@@ -18,7 +18,6 @@ import time
 import xxhash
 
 from wcached import tensor_digest
-from wcached.dtypes import BY_TORCH_NAME, Dtype
 from wcached.errors import FillMisconfigured
 from wcached.keys import CacheKey
 from wcached.loaders.base import ModelConfig
@@ -133,7 +132,7 @@ class SafetensorsLoader:
 
     def _layout(self, model: SafetensorsModel, ckpt: Headers):
         """Each tensor's dtype as filled, its place, and the segments' sizes."""
-        out_dtypes = [self._out_dtype(model, t.dtype) for t in ckpt.tensors]
+        out_dtypes = [model.served_dtype(t.dtype) for t in ckpt.tensors]
         out_sizes = [math.prod(t.shape) * d.itemsize for t, d in zip(ckpt.tensors, out_dtypes, strict=True)]
         placements, seg_sizes = plan_layout(
             ((t.name, n) for t, n in zip(ckpt.tensors, out_sizes, strict=True)),
@@ -146,12 +145,6 @@ class SafetensorsLoader:
         """How many segments a fill of ``model`` will make, from the
         checkpoint's headers alone (``check-config``'s fd-store budget)."""
         return len(self._layout(model, Checkpoint(model.path).headers())[2])
-
-    @staticmethod
-    def _out_dtype(model: ModelConfig, stored: Dtype) -> Dtype:
-        if model.dtype == "auto" or not stored.castable:
-            return stored
-        return BY_TORCH_NAME[model.dtype]
 
     def _copy_all(self, model, ckpt, out_dtypes, placements, writers, progress, backend) -> list[str]:
         want_digest = model.digest or model.fingerprint == "content"

@@ -12,10 +12,16 @@ second copy of the model, and no copy step.
 This module is the placement alone, over chunks that a ``create`` callback
 makes (CUDA VMM in the worker, plain numbers in the tests):
 
-- a request of half a chunk or more gets a chunk of its own, of its size
+- a request goes into the first shared chunk made so far with room at its
+  end;
+- else, of half a chunk or more, it gets a chunk of its own, of its size
   (rounded up to the handle granularity), so big tensors waste nothing;
-- a smaller one goes into the first chunk made so far with room at its
-  end, else into a new chunk of ``chunk_bytes``.
+- else a new shared chunk of ``chunk_bytes``; or, where the fill said how
+  many bytes the model is expected to take, of what is left of them once
+  that is at most ``LAST_CHUNKS`` chunks (so the last chunk ends about where
+  the weights do, instead of holding up to a chunk that no tensor uses), and
+  once that is used up (torch's rounding, an estimate that was low) of sizes
+  doubling from ``OVERFLOW_CHUNK``, so an overrun costs few segments.
 
 Nothing is given back before the seal: torch returns a pool's segments to
 its allocator only once the pool itself is gone, and keeps what the load
@@ -36,6 +42,15 @@ from typing import Any
 
 # Requests are placed at multiples of this (torch asks for multiples of it).
 PLACEMENT_ALIGN = 2 << 20
+# The last shared chunk takes what is left of the expected bytes up to this
+# many chunks' worth, so that a big tensor that comes last (an untied
+# lm_head) goes into its room instead of a chunk of its own beside a last
+# chunk that holds little.
+LAST_CHUNKS = 2
+# The first chunk made past the expected bytes; each next one doubles (up to
+# the chunk size): an overrun of R bytes costs about log2(R / this) chunks
+# and leaves at most half of the last one unused.
+OVERFLOW_CHUNK = 32 << 20
 
 
 class ArenaError(Exception):
@@ -87,18 +102,30 @@ class Arena:
         chunk_bytes: int,
         granularity: int,
         create: Callable[[int], tuple[int, Any]],
+        expected_bytes: int | None = None,
+        max_chunk_bytes: int | None = None,
     ):
         if chunk_bytes < granularity or chunk_bytes % granularity:
             raise ValueError(f"chunk of {chunk_bytes} bytes is not a multiple of {granularity}")
         self.chunk_bytes = chunk_bytes
         self.granularity = granularity
         self._create = create
+        # What the model's tensors are expected to take (None: not known).
+        self.expected_bytes = expected_bytes
+        # The largest chunk a shared one may grow to (the model's segment_size).
+        self.max_chunk_bytes = max(chunk_bytes, max_chunk_bytes or 0) // granularity * granularity
+        self._overruns = 0  # chunks made past the expected bytes
         self.chunks: list[Chunk] = []  # sorted by base
         self.sealed = False
 
     @property
     def held_bytes(self) -> int:
         return sum(c.nbytes for c in self.chunks)
+
+    @property
+    def handed_out(self) -> int:
+        """Bytes given to torch's allocator so far."""
+        return sum(c.top for c in self.chunks)
 
     def alloc(self, nbytes: int) -> int:
         """The device address of ``nbytes`` for torch's allocator."""
@@ -107,13 +134,18 @@ class Arena:
         if nbytes <= 0:
             raise ArenaError(f"a request of {nbytes} bytes")
         want = _round_up(nbytes, PLACEMENT_ALIGN)
+        # Room left in a shared chunk takes any request that fits (the last
+        # chunk, sized to what is left of the expected bytes, holds the big
+        # ones that come last: an untied lm_head).
+        for chunk in self.chunks:
+            if not chunk.exact:
+                address = chunk.take(want)
+                if address is not None:
+                    return address
         if want * 2 < self.chunk_bytes:
-            for chunk in self.chunks:
-                if not chunk.exact:
-                    address = chunk.take(want)
-                    if address is not None:
-                        return address
-            chunk = self._new_chunk(self.chunk_bytes, exact=False)
+            size, overrun = self._shared_chunk_bytes(want)
+            chunk = self._new_chunk(size, exact=False)
+            self._overruns += overrun
         else:
             chunk = self._new_chunk(_round_up(want, self.granularity), exact=True)
         address = chunk.take(want)
@@ -146,6 +178,23 @@ class Arena:
             dead_bytes=sum(c.nbytes for c in kept) - live,
             unexported=len(self.chunks) - len(kept),
         )
+
+    def _shared_chunk_bytes(self, want: int) -> tuple[int, bool]:
+        """The size of a new chunk for requests of less than half a chunk,
+        the first of them ``want`` bytes, and whether it is made past the
+        expected bytes."""
+        if self.expected_bytes is None:
+            return self.chunk_bytes, False
+        left = self.expected_bytes - self.handed_out
+        overrun = left < want
+        if overrun:
+            left = OVERFLOW_CHUNK << min(self._overruns, 32)
+            return min(self.chunk_bytes, _round_up(max(left, want), self.granularity)), True
+        # What is left, in one chunk where it is at most LAST_CHUNKS chunks'
+        # worth (and within the largest segment): the last chunk ends where
+        # the weights are expected to.
+        cap = self.chunk_bytes if left > LAST_CHUNKS * self.chunk_bytes else self.max_chunk_bytes
+        return min(cap, _round_up(max(left, want), self.granularity)), False
 
     def _new_chunk(self, nbytes: int, exact: bool) -> Chunk:
         base, handle = self._create(nbytes)

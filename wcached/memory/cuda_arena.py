@@ -76,14 +76,16 @@ def unsupported_reason() -> str | None:
 class CudaArena:
     """One fill's arena on the backend's GPU, and the torch pool over it."""
 
-    def __init__(self, backend: CudaBackend, chunk_bytes: int, label: str):
+    def __init__(self, backend: CudaBackend, chunk_bytes: int, label: str, expected_bytes: int | None = None):
         import torch
 
         self.backend = backend
         self.label = label
         chunk = max(backend.granularity, min(chunk_bytes, CHUNK_BYTES))
         chunk -= chunk % backend.granularity
-        self.arena = Arena(chunk, backend.granularity, self._create)
+        # The last chunk may grow to the model's segment_size to end where
+        # its expected bytes do.
+        self.arena = Arena(chunk, backend.granularity, self._create, expected_bytes, chunk_bytes)
         # What a callback could not do: torch sees a null pointer (and raises
         # its OutOfMemoryError); the fill reports this instead.
         self.error: BaseException | None = None

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import socket
 import time
@@ -43,7 +44,7 @@ from typing import Any
 import msgspec
 
 from wcached import tensor_digest
-from wcached.errors import FillError, FillMisconfigured, UnservableModel
+from wcached.errors import FillError, FillMisconfigured, UnservableModel, WcacheError
 from wcached.keys import CacheKey
 from wcached.loaders.checkpoint import Checkpoint
 from wcached.loaders.layout import FilledModel, PhaseClock, alias_entries, fill_segments_in_order, plan_layout
@@ -505,7 +506,37 @@ def _open_arena(model: VllmModel, backend: MemoryBackend) -> Any:
             extra={"model": model.name},
         )
         return None
-    return cuda_arena.CudaArena(backend, model.segment_bytes, model.name)  # type: ignore[arg-type]
+    return cuda_arena.CudaArena(
+        backend,  # type: ignore[arg-type]
+        model.segment_bytes,
+        model.name,
+        expected_bytes=expected_bytes(model),
+    )
+
+
+# The arena's estimate of a rank's bytes errs high: one a little high leaves
+# that much of the last chunk unused, one a little low can leave a big tensor
+# that comes last (an untied lm_head) a chunk of its own beside a last chunk
+# that holds little. vLLM adds buffers (rotary caches) to the checkpoint's
+# tensors, and torch rounds each request up to 2 MiB.
+EXPECTED_MARGIN = 0.01
+EXPECTED_SLACK = 64 << 20
+
+
+def expected_bytes(model: VllmModel) -> int | None:
+    """What this rank's weights are expected to take on the device, from the
+    checkpoint's headers (its tensors as ``dtype`` serves them, split over
+    the ranks), a little high; None where the headers cannot say: online
+    quantization, a hub id, no safetensors."""
+    if model.engine_args.get("quantization"):
+        return None
+    try:
+        headers = Checkpoint.of(model).headers()
+    except (WcacheError, OSError) as e:
+        log.debug("%s: no expected size for its arena: %s", model.name, e, extra={"model": model.name})
+        return None
+    stored = sum(math.prod(t.shape) * model.served_dtype(t.dtype).itemsize for t in headers.tensors)
+    return int(stored / model.world_size * (1 + EXPECTED_MARGIN)) + EXPECTED_SLACK
 
 
 def _export_arena(
