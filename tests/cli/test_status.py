@@ -65,9 +65,11 @@ def test_two_instances_with_clients_as_json_and_table(work: Path, sharded_ckpt: 
             ]
             # cpu0: big (1 client), then small (1 client); cpu1: small (1 client).
             n = len(a.manifest.tensors)
-            row = rf"cpu0 +serving +host memory +- +big +[\d.]+ KiB +{n} +1 +[\d.]+ s, [\d.]+ GB/s +\d+s +\d+"
+            # The fill's rate is over its reading of the checkpoint.
+            fill = r"[\d.]+ s, reading [\d.]+ s at [\d.]+ GB/s"
+            row = rf"cpu0 +serving +host memory +- +big +[\d.]+ KiB +{n} +1 +{fill} +\d+s +\d+"
             assert re.fullmatch(row, lines[1]), lines
-            assert re.fullmatch(r" +small +256\.0 KiB +1 +1 +[\d.]+ s, [\d.]+ GB/s", lines[2]), lines
+            assert re.fullmatch(rf" +small +256\.0 KiB +1 +1 +{fill}", lines[2]), lines
             assert re.match(r"cpu1 +serving +host memory +- +small +256\.0 KiB +1 +1 ", lines[3]), lines
             assert f"pid {os.getpid()} uid {os.getuid()} (engine-c) attached to small" in r.stdout
         finally:
@@ -75,7 +77,7 @@ def test_two_instances_with_clients_as_json_and_table(work: Path, sharded_ckpt: 
                 x.close()
 
 
-def _model(name: str, nbytes: int, state: str = "ready", origin: str = "filled", seconds: float = 8.0):
+def _model(name: str, nbytes: int, state: str = "ready", origin: str = "filled", seconds: float = 8.0, **kw):
     from wcached.keys import CacheKey
     from wcached.protocol.messages import ModelStatus
 
@@ -91,6 +93,7 @@ def _model(name: str, nbytes: int, state: str = "ready", origin: str = "filled",
         filled_at=0.0,
         fill_seconds=seconds,
         origin=origin,
+        **kw,
     )
 
 
@@ -118,6 +121,18 @@ def test_last_fill_says_seconds_rate_or_restored() -> None:
     from wcached.cli.status import last_fill
 
     assert last_fill(_model("m", 16_000_000_000, seconds=8.0)) == "8.0 s, 2.00 GB/s"
+    # A vLLM fill: 20 s of it vLLM's import and set-up, the rate over the
+    # reading of the checkpoint's 16 GB alone (more than it serves: fp8).
+    vllm = _model(
+        "m",
+        8_000_000_000,
+        seconds=26.0,
+        phases={"vllm_setup": 20.0, "vllm_construct": 0.5, "read": 4.0, "vllm_post": 1.5},
+        read_bytes=16_000_000_000,
+    )
+    assert last_fill(vllm) == "26.0 s, reading 4.0 s at 4.00 GB/s"
+    # No reading phase (a fill that did not time it): the whole fill's rate.
+    assert last_fill(_model("m", 16_000_000_000, seconds=8.0, phases={"copy": 4.0})) == "8.0 s, 2.00 GB/s"
     assert last_fill(_model("m", 16_000_000_000, origin="restored", seconds=8.0)) == "restored (8.0 s fill)"
 
 

@@ -171,6 +171,8 @@ def test_textfile_and_endpoint_count_what_clients_did(work: Path, sharded_ckpt: 
         assert _value(first, "wcached_fill_read_bytes_total", "cpu0", model="default") == m.total_bytes
         assert _value(first, "wcached_restores_total", "cpu0", model="default") == 0
         assert _value(first, "wcached_fill_seconds", "cpu0", model="default") > 0
+        reading = _value(first, "wcached_fill_reading_seconds", "cpu0", model="default")
+        assert 0 < reading < _value(first, "wcached_fill_seconds", "cpu0", model="default")
         assert _attaches(first, "cpu0") == _zero_attaches()
         assert _errors(first, "cpu0") == dict.fromkeys(ERROR_CODES, 0.0)
 

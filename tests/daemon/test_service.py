@@ -187,10 +187,13 @@ def test_ready_only_once_socket_accepts(work: Path) -> None:
     finally:
         assert d.stop() == 0
         d.notify.close()
-    # One journal line with the final figures.
+    # One journal line with the final figures: the rate over the reading of
+    # the checkpoint, and every phase.
     assert re.search(
-        r"filled default: 48 tensors, 0\.20 GB in \d+ segment\(s\) in [\d.]+ s \([\d.]+ GB/s\)", d.log()
-    )
+        r"filled default: 48 tensors, 0\.20 GB in \d+ segment\(s\) in [\d.]+ s "
+        r"\(read 0\.20 GB in [\d.]+ s, [\d.]+ GB/s; headers [\d.]+ s, allocate [\d.]+ s, read [\d.]+ s, ",
+        d.log(),
+    ), d.log()
 
 
 def test_sigterm_removes_socket_and_exits_zero(cpu_config: Path) -> None:

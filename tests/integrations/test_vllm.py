@@ -76,7 +76,16 @@ def test_wcache_engine_generates_what_the_disk_engine_does(
             text=True,
         )
         (st,) = json.loads(status.stdout)
-        assert st["models"][0]["loader"] == "vllm"
+        model = st["models"][0]
+        assert model["loader"] == "vllm"
+        # The fill's phases: vLLM's import and set-up, the model's
+        # construction, the reading of the checkpoint (the bytes its rate is
+        # over) and what follows, each timed apart.
+        assert list(model["phases"])[:4] == ["vllm_setup", "vllm_construct", "read", "vllm_post"], model
+        assert model["phases"]["read"] > 0
+        assert model["read_bytes"] == sum(f.stat().st_size for f in model_dir.glob("*.safetensors")) - sum(
+            8 + int.from_bytes(f.read_bytes()[:8], "little") for f in model_dir.glob("*.safetensors")
+        )
 
 
 def test_tensor_parallel_2_on_cpu0_and_cpu1(vllm_python: str, work: Path, model_dir: Path) -> None:

@@ -199,3 +199,17 @@ def test_in_order_phases_are_named_per_segment() -> None:
     assert list(clock.phases) == ["allocate", "copy", "seal"] and [w.label for w in writers] == ["m.0", "m.1"]
     for fd in fds:
         os.close(fd)
+
+
+def test_a_fills_rate_is_over_its_reading_where_it_timed_one() -> None:
+    from wcached.loaders.layout import READ, describe_fill, reading_rate
+
+    phases = {"vllm_setup": 15.0, READ: 2.0, "vllm_post": 1.0}
+    assert reading_rate(phases, 8_000_000_000) == (2.0, 4.0)
+    text = describe_fill(4_000_000_000, 18.0, phases, 8_000_000_000)
+    assert text.startswith("read 8.00 GB in 2.00 s, 4.00 GB/s; ")
+    assert "vllm_setup 15.00 s" in text and "vllm_post 1.00 s" in text
+    # No reading phase, or no bytes counted: the whole fill's rate.
+    assert reading_rate({"copy": 2.0}, 8_000_000_000) is None
+    assert reading_rate(phases, 0) is None
+    assert describe_fill(4_000_000_000, 2.0, {"copy": 2.0}, 0) == "2.00 GB/s"

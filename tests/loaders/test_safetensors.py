@@ -285,4 +285,11 @@ def test_a_fill_reports_its_header_phase_and_the_engines_fingerprint_matches_the
     ckpt = write_sharded(tmp_path / "c", multi_dtype_tensors(), shards=2)
     filled, _ = _fill(SafetensorsModel(name="m", path=str(ckpt)))
     assert "headers" in filled.phases and filled.phases["headers"] >= 0
+    # Its reading of the checkpoint is a phase of its own, over the bytes
+    # the checkpoint stores (what the rate in the log and status is over).
+    from wcached.loaders.checkpoint import Checkpoint
+    from wcached.loaders.layout import READ
+
+    assert filled.phases[READ] > 0
+    assert filled.read_bytes == sum(t.nbytes for t in Checkpoint(ckpt).headers().tensors) > 0
     assert checkpoint_fingerprint(str(ckpt)) == filled.manifest.key.fingerprint

@@ -22,6 +22,7 @@ import msgspec
 
 from wcached import exits
 from wcached.errors import PermissionRefused, WcacheError
+from wcached.loaders.layout import reading_rate
 from wcached.protocol.messages import ClientStatus, ModelStatus
 
 UNIT_PATTERN = "wcached@*.service"
@@ -72,8 +73,10 @@ class InstanceView(msgspec.Struct, kw_only=True):
         list[ModelStatus],
         _doc(
             "what it holds: bytes, tensors, segments, key, fill_seconds (of the fill that made the "
-            'segments) and origin ("filled" from the checkpoint by this daemon process, or "restored" '
-            "from systemd's fd store)"
+            'segments), origin ("filled" from the checkpoint by this daemon process, or "restored" '
+            "from systemd's fd store), phases (the fill's seconds per phase; \"read\" is its reading "
+            "of the checkpoint) and read_bytes (the checkpoint bytes read, which the LAST FILL rate "
+            "is over)"
         ),
     ] = []
     clients: Annotated[list[ClientStatus], _doc("attached clients (leases); a status query is not one")] = []
@@ -388,6 +391,9 @@ def last_fill(m: ModelStatus) -> str:
     took = f"{m.fill_seconds:.1f} s"
     if m.origin == "restored":
         return f"restored ({took} fill)"
+    reading = reading_rate(m.phases, m.read_bytes)
+    if reading is not None:
+        return f"{took}, reading {reading[0]:.1f} s at {reading[1]:.2f} GB/s"
     rate = m.bytes / 1e9 / m.fill_seconds if m.fill_seconds > 0 else 0.0
     return f"{took}, {rate:.2f} GB/s"
 

@@ -56,6 +56,8 @@ class StoredModel(msgspec.Struct, frozen=True, kw_only=True):
     checkpoint: list[FileStamp]
     manifest: Manifest
     fill_seconds: float
+    phases: dict[str, float] = {}
+    read_bytes: int = 0
 
 
 def fd_name(model: str, part: str) -> str:

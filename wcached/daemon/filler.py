@@ -29,6 +29,7 @@ from wcached.errors import (
     error_for_code,
 )
 from wcached.loaders.checkpoint import Checkpoint
+from wcached.loaders.layout import describe_fill
 from wcached.log import current_instance
 from wcached.protocol.messages import (
     FillDone,
@@ -151,16 +152,16 @@ def _fill_in_one_worker(
                 fds = chan.recv_fds(msg.fd_count, timeout=60.0)
                 m = msg.manifest
                 log.info(
-                    "filled %s: %d tensors, %.2f GB in %d segment(s) in %.2f s (%.2f GB/s)",
+                    "filled %s: %d tensors, %.2f GB in %d segment(s) in %.2f s (%s)",
                     m.model,
                     len(m.tensors),
                     m.total_bytes / 1e9,
                     len(m.segments),
                     msg.fill_seconds,
-                    m.total_bytes / 1e9 / max(msg.fill_seconds, 1e-9),
+                    describe_fill(m.total_bytes, msg.fill_seconds, msg.phases, msg.read_bytes),
                     extra={"model": m.model},
                 )
-                on_filled(HeldModel(m, fds, msg.fill_seconds))
+                on_filled(HeldModel(m, fds, msg.fill_seconds, phases=msg.phases, read_bytes=msg.read_bytes))
             elif isinstance(msg, FillFailed):
                 # Keep the worker's class: its exit status tells systemd what to do.
                 raise error_for_code(msg.code, msg.message) from None

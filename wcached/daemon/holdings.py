@@ -182,7 +182,14 @@ class Holdings:
                     raise NotRestorable(f"a stored segment is not usable: {e}") from None
         entry.close_record()
         entry.segment_fds = {}
-        return HeldModel(manifest, fds, record.fill_seconds, origin="restored")
+        return HeldModel(
+            manifest,
+            fds,
+            record.fill_seconds,
+            origin="restored",
+            phases=record.phases,
+            read_bytes=record.read_bytes,
+        )
 
     # -- filling -----------------------------------------------------------
 
@@ -224,6 +231,8 @@ class Holdings:
             checkpoint=list(p.checkpoint),
             manifest=held.manifest,
             fill_seconds=held.fill_seconds,
+            phases=held.phases,
+            read_bytes=held.read_bytes,
         )
         try:
             self.store.store(record, held.fds)
@@ -293,6 +302,8 @@ class Holdings:
                     filled_at=m.filled_at,
                     fill_seconds=held.fill_seconds,
                     origin=held.origin,
+                    phases=held.phases,
+                    read_bytes=held.read_bytes,
                 )
             )
         return out

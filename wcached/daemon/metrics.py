@@ -45,6 +45,7 @@ from wcached.errors import (
     UnknownModel,
     VersionMismatch,
 )
+from wcached.loaders.layout import reading_rate
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -263,6 +264,12 @@ class _StateCollector:
             "Duration of the model's last fill (for a restored model, the fill before the restart).",
             labels=labels,
         )
+        reading_s = GaugeMetricFamily(
+            "wcached_fill_reading_seconds",
+            "Seconds the model's last fill spent reading the checkpoint (its throughput is "
+            "wcached_fill_read_bytes over this; absent where the fill did not time its reading).",
+            labels=labels,
+        )
         read = CounterMetricFamily(
             "wcached_fill_read_bytes",
             "Bytes this process filled from the checkpoint (0 for a model restored from the fd store).",
@@ -288,9 +295,14 @@ class _StateCollector:
             ready.add_metric(values, 1 if held else 0)
             leases.add_metric(values, attached.get(model.name, 0))
             fill_s.add_metric(values, model.fill_seconds)
-            read.add_metric(values, model.bytes if model.origin == "filled" else 0)
+            reading = reading_rate(model.phases, model.read_bytes)
+            if reading is not None and model.origin == "filled":
+                reading_s.add_metric(values, reading[0])
+            # The checkpoint's bytes where the fill counted them (a vLLM fill
+            # quantizing online reads more than it serves), else the model's.
+            read.add_metric(values, (model.read_bytes or model.bytes) if model.origin == "filled" else 0)
             restores.add_metric(values, 1 if model.origin == "restored" else 0)
-        yield from (resident, tensors, segments, ready, leases, fill_s, read, restores)
+        yield from (resident, tensors, segments, ready, leases, fill_s, reading_s, read, restores)
 
 
 # -- the HTTP endpoint --------------------------------------------------------

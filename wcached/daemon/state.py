@@ -13,11 +13,22 @@ from wcached.protocol.wire import close_fds
 
 
 class HeldModel:
-    def __init__(self, manifest: Manifest, fds: list[int], fill_seconds: float, origin: str = "filled"):
+    def __init__(
+        self,
+        manifest: Manifest,
+        fds: list[int],
+        fill_seconds: float,
+        origin: str = "filled",
+        phases: dict[str, float] | None = None,
+        read_bytes: int = 0,
+    ):
         self.manifest = manifest
         # How long the fill that made these segments took (for a restored
-        # model: the fill before the restart that kept them).
+        # model: the fill before the restart that kept them), phase by
+        # phase, and the checkpoint bytes it read.
         self.fill_seconds = fill_seconds
+        self.phases = dict(phases or {})
+        self.read_bytes = read_bytes
         # "filled" from the checkpoint by this daemon, or "restored" from
         # systemd's fd store without reading the checkpoint.
         self.origin = origin

@@ -71,10 +71,39 @@ class FilledModel:
     manifest: Manifest
     fds: list[int]
     fill_seconds: float
-    # Seconds per phase ("headers", "allocate", "copy", ...), for the log.
+    # Seconds per phase ("headers", "allocate", READ, ...), for the log and
+    # status.
     phases: dict[str, float] = field(default_factory=dict)
     # Device memory the fill used at its peak (GPU fills that measure it).
     peak_device_bytes: int | None = None
+    # Checkpoint bytes read in the READ phase (0: no such phase).
+    read_bytes: int = 0
+
+
+# The phase of a fill that reads the checkpoint: its throughput is quoted over
+# this phase alone (a vLLM fill's import and set-up, and any post-processing,
+# are phases of their own).
+READ = "read"
+
+
+def describe_fill(total_bytes: int, seconds: float, phases: dict[str, float], read_bytes: int) -> str:
+    """A fill's speed as the daemon's log and ``wcached status`` say it: over
+    the reading alone where the fill timed it, with every phase."""
+    reading = reading_rate(phases, read_bytes)
+    if reading is None:
+        return f"{total_bytes / 1e9 / max(seconds, 1e-9):.2f} GB/s"
+    return f"read {read_bytes / 1e9:.2f} GB in {reading[0]:.2f} s, {reading[1]:.2f} GB/s; " + ", ".join(
+        f"{k} {v:.2f} s" for k, v in phases.items()
+    )
+
+
+def reading_rate(phases: dict[str, float], read_bytes: int) -> tuple[float, float] | None:
+    """Seconds the fill spent reading the checkpoint and the GB/s over them,
+    or None where it has no reading phase (a fill from before it was timed)."""
+    seconds = phases.get(READ, 0.0)
+    if seconds <= 0 or read_bytes <= 0:
+        return None
+    return seconds, read_bytes / 1e9 / seconds
 
 
 class PhaseClock:
@@ -109,17 +138,19 @@ def fill_segments(
     sizes: list[int],
     clock: PhaseClock,
     copy: Callable[[list[SegmentWriter]], T],
+    phase: str = "copy",
 ) -> tuple[T, list[SegmentWriter], list[int]]:
-    """Allocate the segments, let ``copy`` fill them, then seal or export
-    them; on any failure every segment is freed. Returns what ``copy``
-    returned, the writers and the fds that now own the segments."""
+    """Allocate the segments, let ``copy`` fill them (timed as ``phase``),
+    then seal or export them; on any failure every segment is freed. Returns
+    what ``copy`` returned, the writers and the fds that now own the
+    segments."""
     writers: list[SegmentWriter] = []
     try:
         for i, size in enumerate(sizes):
             writers.append(backend.allocate(size, f"{label}.{i}"))
         clock.lap("allocate")
         result = copy(writers)
-        clock.lap("copy")
+        clock.lap(phase)
         fds = [w.finish() for w in writers]
         clock.lap("seal")
     except BaseException:

@@ -30,7 +30,7 @@ from wcached.loaders.checkpoint import (
     check_complete,
     header_fingerprint,
 )
-from wcached.loaders.layout import FilledModel, PhaseClock, alias_entries, fill_segments, plan_layout
+from wcached.loaders.layout import READ, FilledModel, PhaseClock, alias_entries, fill_segments, plan_layout
 from wcached.memory.base import MemoryBackend, ProgressFn
 from wcached.protocol.messages import Manifest, SegmentInfo, TensorInfo
 
@@ -92,6 +92,7 @@ class SafetensorsLoader:
             seg_sizes,
             clock,
             lambda writers: self._copy_all(model, ckpt, out_dtypes, placements, writers, progress, backend),
+            phase=READ,
         )
 
         fingerprint = header_fingerprint(ckpt)
@@ -128,7 +129,9 @@ class SafetensorsLoader:
             filled_at=time.time(),
             attrs={"digest": tensor_digest.HOST} if model.digest or model.fingerprint == "content" else {},
         )
-        return FilledModel(manifest, fds, clock.total(), clock.phases)
+        return FilledModel(
+            manifest, fds, clock.total(), clock.phases, read_bytes=sum(t.nbytes for t in ckpt.tensors)
+        )
 
     def _layout(self, model: SafetensorsModel, ckpt: Headers):
         """Each tensor's dtype as filled, its place, and the segments' sizes."""

@@ -72,6 +72,8 @@ def run(chan: Channel) -> None:
                     manifest=filled.manifest,
                     fd_count=len(filled.fds),
                     fill_seconds=filled.fill_seconds,
+                    phases=filled.phases,
+                    read_bytes=filled.read_bytes,
                 ),
                 fds=filled.fds,
             )

@@ -160,6 +160,10 @@ class ModelStatus(msgspec.Struct, frozen=True, kw_only=True):
     # "filled" (read from the checkpoint by this daemon process) or
     # "restored" (from systemd's fd store; fill_seconds is the earlier fill's).
     origin: str = "filled"
+    # The fill's seconds per phase and the checkpoint bytes it read (what
+    # its reading rate is computed over: wcached.loaders.layout.reading_rate).
+    phases: dict[str, float] = {}
+    read_bytes: int = 0
 
 
 class ClientStatus(msgspec.Struct, frozen=True, kw_only=True):
@@ -220,6 +224,10 @@ class ModelFilled(_Msg, tag="model_filled"):
     manifest: Manifest
     fd_count: int
     fill_seconds: float
+    # Seconds per phase of the fill, and the checkpoint bytes read in its
+    # reading phase (wcached.loaders.layout.READ).
+    phases: dict[str, float] = {}
+    read_bytes: int = 0
 
 
 class FillFailed(_Msg, tag="fill_failed"):

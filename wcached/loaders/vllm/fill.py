@@ -47,7 +47,14 @@ from wcached import tensor_digest
 from wcached.errors import FillError, FillMisconfigured, UnservableModel, WcacheError
 from wcached.keys import CacheKey
 from wcached.loaders.checkpoint import Checkpoint
-from wcached.loaders.layout import FilledModel, PhaseClock, alias_entries, fill_segments_in_order, plan_layout
+from wcached.loaders.layout import (
+    READ,
+    FilledModel,
+    PhaseClock,
+    alias_entries,
+    fill_segments_in_order,
+    plan_layout,
+)
 from wcached.loaders.vllm import VllmModel
 from wcached.loaders.vllm.key import PROCESSED_GUARD, vllm_cache_key
 from wcached.memory.base import MemoryBackend, ProgressFn, SegmentWriter
@@ -113,6 +120,32 @@ def _without_post_processing() -> Iterator[None]:
         yield
     finally:
         base_loader.process_weights_after_loading = original
+
+
+@contextlib.contextmanager
+def _timed_weights(loader: Any, clock: PhaseClock | None) -> Iterator[None]:
+    """The phases of vLLM's model load: ``vllm_construct`` up to its
+    ``load_weights`` (the model built, its parameters allocated), ``read``
+    for the weights read from the checkpoint into them; what follows is the
+    caller's next lap (post-processing). A loader that loads its weights
+    another way leaves the whole load to the caller's lap."""
+    if clock is None or not callable(getattr(loader, "load_weights", None)):
+        yield
+        return
+    load_weights = loader.load_weights
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        clock.lap("vllm_construct")
+        try:
+            return load_weights(*args, **kwargs)
+        finally:
+            clock.lap(READ)
+
+    loader.load_weights = timed
+    try:
+        yield
+    finally:
+        del loader.load_weights  # the class's own again
 
 
 @dataclass
@@ -221,9 +254,10 @@ def build_model(
             # vLLM's load_model empties an accelerator cache that a CPU host
             # does not have; the engine's CPU worker creates and loads the
             # model in these two steps too.
-            net = _create_and_load(loader, vllm_config, model_config)
+            with _timed_weights(loader, clock):
+                net = _create_and_load(loader, vllm_config, model_config)
         else:
-            with allocating(), _without_post_processing():
+            with allocating(), _without_post_processing(), _timed_weights(loader, clock):
                 net = loader.load_model(vllm_config=vllm_config, model_config=model_config)
             # Processed here only where the engine can re-run every layer's
             # hooks in vLLM's already-processed mode (a quant method without
@@ -381,7 +415,9 @@ def fill(model: VllmModel, backend: MemoryBackend, instance: str, progress: Prog
     if device_type != "cpu":
         # vLLM's transient peak while loading (quantizing, say).
         peak.include(torch.cuda.max_memory_allocated())
-    clock.lap("vllm_load")
+    # After the weights' reading: vLLM's post-processing (all of its load
+    # where its loader read the weights another way).
+    clock.lap("vllm_post" if READ in clock.phases else "vllm_load")
 
     unique: list[tuple[str, Any, str]] = []
     canonical: dict[int, str] = {}
@@ -482,7 +518,14 @@ def fill(model: VllmModel, backend: MemoryBackend, instance: str, progress: Prog
         filled_at=time.time(),
         attrs=attrs,
     )
-    return FilledModel(manifest, fds, clock.total(), clock.phases, peak_device_bytes=peak.bytes)
+    return FilledModel(
+        manifest,
+        fds,
+        clock.total(),
+        clock.phases,
+        peak_device_bytes=peak.bytes,
+        read_bytes=checkpoint_bytes(model) if READ in clock.phases else 0,
+    )
 
 
 def _device_type(backend: MemoryBackend) -> str:
@@ -537,6 +580,15 @@ def expected_bytes(model: VllmModel) -> int | None:
         return None
     stored = sum(math.prod(t.shape) * model.served_dtype(t.dtype).itemsize for t in headers.tensors)
     return int(stored / model.world_size * (1 + EXPECTED_MARGIN)) + EXPECTED_SLACK
+
+
+def checkpoint_bytes(model: VllmModel) -> int:
+    """The bytes vLLM reads from the checkpoint (every rank reads all of its
+    tensors and keeps its share); 0 where the headers cannot say."""
+    try:
+        return sum(t.nbytes for t in Checkpoint.of(model).headers().tensors)
+    except (WcacheError, OSError):
+        return 0
 
 
 def _export_arena(
