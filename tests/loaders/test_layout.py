@@ -212,4 +212,6 @@ def test_a_fills_rate_is_over_its_reading_where_it_timed_one() -> None:
     # No reading phase, or no bytes counted: the whole fill's rate.
     assert reading_rate({"copy": 2.0}, 8_000_000_000) is None
     assert reading_rate(phases, 0) is None
-    assert describe_fill(4_000_000_000, 2.0, {"copy": 2.0}, 0) == "2.00 GB/s"
+    assert reading_rate({READ: 0.5}, 1) == (0.5, 2e-9)  # a byte is something read
+    assert describe_fill(4_000_000_000, 0.5, {"copy": 0.5}, 0) == "8.00 GB/s"
+    assert describe_fill(5_000_000, 1.0, {}, 0) == "0.01 GB/s"  # decimal GB, exactly: 0.005 rounds up

@@ -72,6 +72,7 @@ SAFETY_MODULES: dict[str, str] = {
     "wcached/client/lease.py": "",
     "wcached/memory/base.py": "",
     "wcached/memory/host.py": "",
+    "wcached/memory/arena.py": "",
     "wcached/cli/verify.py": "",
     "wcached/cli/status.py": "",
     "wcached/errors.py": "",

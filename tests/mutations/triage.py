@@ -55,7 +55,7 @@ FLOORS: dict[str, tuple[float, int]] = {
     "wcached/daemon/socket_dir.py": (100.0, 0),
     "wcached/errors.py": (100.0, 0),
     "wcached/exits.py": (100.0, 0),
-    "wcached/loaders/layout.py": (98.3, 0),
+    "wcached/loaders/layout.py": (98.7, 0),
     "wcached/memory/base.py": (95.0, 0),
     "wcached/memory/host.py": (92.2, 0),
 }
@@ -79,21 +79,6 @@ TRIAGE: dict[tuple[str, str, str], str] = {
     (
         "wcached/loaders/safetensors.py",
         "SafetensorsLoader.fill",
-        '-        clock.lap("headers")\n+        clock.lap(None)',
-    ): "caught: tests/loaders/test_safetensors.py::test_a_fill_reports_its_header_phase_and_the_engines_fingerprint_matches_the_key, run whole with the mutant applied (the score ran its 12 quickest tests)",
-    (
-        "wcached/loaders/safetensors.py",
-        "SafetensorsLoader.fill",
-        '-        clock.lap("headers")\n+        clock.lap("XXheadersXX")',
-    ): "caught: tests/loaders/test_safetensors.py::test_a_fill_reports_its_header_phase_and_the_engines_fingerprint_matches_the_key, run whole with the mutant applied (the score ran its 12 quickest tests)",
-    (
-        "wcached/loaders/safetensors.py",
-        "SafetensorsLoader.fill",
-        '-        clock.lap("headers")\n+        clock.lap("HEADERS")',
-    ): "caught: tests/loaders/test_safetensors.py::test_a_fill_reports_its_header_phase_and_the_engines_fingerprint_matches_the_key, run whole with the mutant applied (the score ran its 12 quickest tests)",
-    (
-        "wcached/loaders/safetensors.py",
-        "SafetensorsLoader.fill",
         "-        for t, dt, p, digest in zip(ckpt.tensors, out_dtypes, placements, digests, strict=True):\n+        for t, dt, p, digest in zip(ckpt.tensors, out_dtypes, placements, digests, strict=None):",
     ): "equivalent: the zipped sequences are built one entry per tensor (or run) from the same list, so their lengths are equal and strict=True never fires",
     (
@@ -106,36 +91,6 @@ TRIAGE: dict[tuple[str, str, str], str] = {
         "SafetensorsLoader.fill",
         "-        for t, dt, p, digest in zip(ckpt.tensors, out_dtypes, placements, digests, strict=True):\n+        for t, dt, p, digest in zip(ckpt.tensors, out_dtypes, placements, digests, strict=False):",
     ): "equivalent: the zipped sequences are built one entry per tensor (or run) from the same list, so their lengths are equal and strict=True never fires",
-    (
-        "wcached/loaders/safetensors.py",
-        "SafetensorsLoader.fill",
-        '-            attrs={"digest": tensor_digest.HOST} if model.digest or model.fingerprint == "content" else {},\n+            attrs={"digest": tensor_digest.HOST} if (model.digest or model.fingerprint == "content") or True else {},',
-    ): "caught: tests/loaders/test_safetensors.py::test_digests_are_recorded_exactly_when_asked_or_needed, run whole with the mutant applied (the score ran its 12 quickest tests)",
-    (
-        "wcached/loaders/safetensors.py",
-        "SafetensorsLoader.fill",
-        '-            attrs={"digest": tensor_digest.HOST} if model.digest or model.fingerprint == "content" else {},\n+            attrs={"digest": tensor_digest.HOST} if model.digest or model.fingerprint != "content" else {},',
-    ): "caught: tests/loaders/test_safetensors.py::test_digests_are_recorded_exactly_when_asked_or_needed, run whole with the mutant applied (the score ran its 12 quickest tests)",
-    (
-        "wcached/loaders/safetensors.py",
-        "SafetensorsLoader.fill",
-        '-            attrs={"digest": tensor_digest.HOST} if model.digest or model.fingerprint == "content" else {},\n+            attrs={"digest": tensor_digest.HOST} if model.digest or model.fingerprint == "XXcontentXX" else {},',
-    ): "caught: tests/loaders/test_safetensors.py::test_digests_are_recorded_exactly_when_asked_or_needed, run whole with the mutant applied (the score ran its 12 quickest tests)",
-    (
-        "wcached/loaders/safetensors.py",
-        "SafetensorsLoader.fill",
-        '-            attrs={"digest": tensor_digest.HOST} if model.digest or model.fingerprint == "content" else {},\n+            attrs={"digest": tensor_digest.HOST} if model.digest or model.fingerprint == "CONTENT" else {},',
-    ): "caught: tests/loaders/test_safetensors.py::test_digests_are_recorded_exactly_when_asked_or_needed, run whole with the mutant applied (the score ran its 12 quickest tests)",
-    (
-        "wcached/loaders/safetensors.py",
-        "SafetensorsLoader.fill",
-        "-        return FilledModel(manifest, fds, clock.total(), clock.phases)\n+        return FilledModel(manifest, fds, clock.total(), None)",
-    ): "caught: tests/loaders/test_safetensors.py::test_a_fill_reports_its_header_phase_and_the_engines_fingerprint_matches_the_key, run whole with the mutant applied (the score ran its 12 quickest tests)",
-    (
-        "wcached/loaders/safetensors.py",
-        "SafetensorsLoader.fill",
-        "-        return FilledModel(manifest, fds, clock.total(), clock.phases)\n+        return FilledModel(manifest, fds, clock.total(), )",
-    ): "caught: tests/loaders/test_safetensors.py::test_a_fill_reports_its_header_phase_and_the_engines_fingerprint_matches_the_key, run whole with the mutant applied (the score ran its 12 quickest tests)",
     (
         "wcached/loaders/safetensors.py",
         "SafetensorsLoader._layout",
