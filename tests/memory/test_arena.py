@@ -196,3 +196,60 @@ def test_random_requests_never_overlap_and_stay_inside_their_chunks():
     for p, n in given:
         assert sum(1 for c in a.chunks if c.contains(p, n)) == 1
     assert sum(dev.live.values()) == a.held_bytes
+
+
+def test_a_chunk_of_exactly_the_granularity_is_allowed():
+    a = Arena(GRAIN, GRAIN, FakeDevice().create)
+    assert a.alloc(1) and a.held_bytes == GRAIN
+
+
+def test_a_largest_segment_off_the_granularity_is_rounded_down_to_it():
+    dev = FakeDevice()
+    a = Arena(64 * MiB, GRAIN, dev.create, expected_bytes=120 * MiB, max_chunk_bytes=101 * MiB)
+    a.alloc(20 * MiB)
+    assert dev.made == [100 * MiB] and isinstance(dev.made[0], int)
+
+
+def test_with_exactly_two_chunks_left_the_last_chunk_takes_them_all():
+    dev = FakeDevice()
+    a = Arena(64 * MiB, GRAIN, dev.create, expected_bytes=128 * MiB, max_chunk_bytes=1 << 30)
+    a.alloc(20 * MiB)
+    assert dev.made == [128 * MiB]
+
+
+def test_an_exact_chunks_tail_takes_no_small_request():
+    # A handle granularity above the placement step leaves an exact chunk a
+    # tail; it is the big tensor's alone (not a shared chunk's room).
+    dev = FakeDevice()
+    a = Arena(64 * MiB, 8 * MiB, dev.create)
+    big = a.alloc(34 * MiB)  # half a chunk or more: a chunk of 40 MiB, 6 MiB of tail
+    small = a.alloc(2 * MiB)
+    assert dev.made == [40 * MiB, 64 * MiB]
+    assert not (big <= small < big + 40 * MiB)
+
+
+def test_a_sealed_chunk_keeps_the_handle_its_create_returned():
+    a, _ = arena()
+    p = a.alloc(2 * MiB)
+    sealed = a.seal([(p, 2 * MiB)])
+    assert [c.handle for c in sealed.chunks] == ["handle-1"]
+
+
+def test_a_one_byte_span_is_live():
+    a, _ = arena()
+    p = a.alloc(2 * MiB)
+    assert a.seal([(p, 1)]).live_bytes == 1
+
+
+def test_covered_bytes_are_the_union_of_overlapping_and_nested_spans():
+    from wcached.memory.arena import _covered
+
+    assert _covered([(0, 10)]) == 10
+    assert _covered([(0, 10), (5, 10), (12, 2)]) == 15
+    assert _covered([(0, 10), (10, 5)]) == 15
+
+
+def test_an_arena_that_made_no_chunk_places_no_span():
+    a, _ = arena()
+    sealed = a.seal([(1 << 40, 10)])
+    assert sealed.places == [None] and sealed.chunks == [] and sealed.live_bytes == 0
