@@ -69,6 +69,19 @@ def test_entries_outside_the_segment_are_refused() -> None:
         build_views(_manifest(pair, 1024), [raw])
 
 
+def test_a_missing_segment_or_an_unknown_dtype_is_refused_naming_the_tensor() -> None:
+    from wcached.client.attach import build_views
+
+    raw = torch.zeros(1024, dtype=torch.uint8)
+    elsewhere = msgspec.structs.replace(_entry("w", 0), segment=1)
+    with pytest.raises(ProtocolError, match="tensor 'w' names missing segment 1"):
+        build_views(_manifest([elsewhere], 1024), [raw])
+    for dtype in ("float128", "Tensor"):  # not torch's, or torch's but no dtype
+        odd = _entry("x", 0, dtype=dtype)
+        with pytest.raises(ProtocolError, match=f"tensor 'x': unknown dtype '{dtype}'"):
+            build_views(_manifest([odd], 1024), [raw])
+
+
 def _reference_views(manifest: Manifest, segments: list[torch.Tensor]) -> dict[str, torch.Tensor]:
     """What build_views must return, one entry at a time and nothing shared:
     the rule its runs are a faster way of following."""
