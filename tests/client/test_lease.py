@@ -191,6 +191,9 @@ def test_a_daemon_away_too_long_is_a_warning_and_its_return_too(
         assert warnings[0].endswith("this process keeps its weights of default and attaches again when it is")
         away = float(warnings[1].rsplit(" after ", 1)[1].split(" s:", 1)[0])
         assert 0.5 <= away < 30.0, warnings
+        # The first says how long it has been away so far, no more than the return.
+        so_far = float(warnings[0].split(" is not back after ", 1)[1].split(" s ", 1)[0])
+        assert 0 <= so_far <= away + 1, warnings
         assert a.watch.reattached == 1
     finally:
         a.close()
@@ -540,3 +543,34 @@ def test_a_lease_whose_watch_fails_ends_alone_and_says_so(
         draft.close()
         d.stop()
         d.notify.close()
+
+
+def test_the_watch_reads_a_quiet_connection_as_held_and_a_closed_one_as_ended(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """What the watcher makes of the connection that is the lease, when poll
+    says it can be read: nothing to read yet (held), the daemon's end closed
+    or the socket gone (ended), bytes written (not a lease any more)."""
+    from types import SimpleNamespace
+
+    from wcached.client.lease import LeaseWatch
+
+    def watch(sock: socket.socket) -> LeaseWatch:
+        w = object.__new__(LeaseWatch)  # not registered with the process's watcher
+        w.attachment = SimpleNamespace(connection=SimpleNamespace(sock=sock, path="/run/wcache/cpu0.sock"))
+        return w
+
+    mine, daemons = socket.socketpair()
+    w = watch(mine)
+    assert w.ended() is False
+    daemons.close()
+    assert w.ended() is True
+    mine.close()
+    assert w.ended() is True  # the socket itself gone (an error, not EOF)
+    mine, daemons = socket.socketpair()
+    daemons.send(b"x")
+    with caplog.at_level(logging.WARNING, "wcached.client"):
+        assert watch(mine).ended() is None
+    assert "wrote to an attached connection" in caplog.text
+    mine.close()
+    daemons.close()
