@@ -1338,27 +1338,27 @@ TRIAGE: dict[tuple[str, str, str], str] = {
         "wcached/client/attach.py",
         "_typed_segment",
         "-    name = run.names[0]\n+    name = None",
-    ): "caught: tests/client/test_views.py::test_a_missing_segment_or_an_unknown_dtype_is_refused_naming_the_tensor (written after the score) and test_views_match_one_view_per_entry_for_any_manifest, run with the mutant applied",
+    ): "caught: tests/client/test_views.py::test_a_missing_segment_or_an_unknown_dtype_is_refused_naming_the_tensor, tests/client/test_views.py::test_views_match_one_view_per_entry_for_any_manifest, run with the mutant applied (the first written after the score)",
     (
         "wcached/client/attach.py",
         "_typed_segment",
         "-    dtype = getattr(torch, run.dtype, None)\n+    dtype = getattr(torch, run.dtype, )",
-    ): "caught: tests/client/test_views.py::test_a_missing_segment_or_an_unknown_dtype_is_refused_naming_the_tensor (written after the score) and test_views_match_one_view_per_entry_for_any_manifest, run with the mutant applied",
+    ): "caught: tests/client/test_views.py::test_a_missing_segment_or_an_unknown_dtype_is_refused_naming_the_tensor, tests/client/test_views.py::test_views_match_one_view_per_entry_for_any_manifest, run with the mutant applied (the first written after the score)",
     (
         "wcached/client/lease.py",
         "LeaseWatch.ended",
         "-            return False\n+            return True",
-    ): "caught: tests/client/test_lease.py::test_the_watch_reads_a_quiet_connection_as_held_and_a_closed_one_as_ended (written after the score), run with the mutant applied",
+    ): "caught: tests/client/test_lease.py::test_the_watch_reads_a_quiet_connection_as_held_and_a_closed_one_as_ended, run with the mutant applied (written after the score)",
     (
         "wcached/client/lease.py",
         "LeaseWatch.ended",
         "-            return True\n+            return False",
-    ): "caught: tests/client/test_lease.py::test_the_watch_reads_a_quiet_connection_as_held_and_a_closed_one_as_ended (written after the score), run with the mutant applied",
+    ): "caught: tests/client/test_lease.py::test_the_watch_reads_a_quiet_connection_as_held_and_a_closed_one_as_ended, run with the mutant applied (written after the score)",
     (
         "wcached/client/lease.py",
         "LeaseWatch._not_back_yet",
         "-                now - self.lost_at,\n+                now + self.lost_at,",
-    ): "caught: tests/client/test_lease.py::test_a_daemon_away_too_long_is_a_warning_and_its_return_too (its first warning's seconds checked since the score), run with the mutant applied",
+    ): "caught: tests/client/test_lease.py::test_a_daemon_away_too_long_is_a_warning_and_its_return_too, run with the mutant applied (its first warning's seconds checked since the score)",
     (
         "wcached/client/lease.py",
         "_Watcher._run",
