@@ -263,8 +263,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "models reach the store only once the whole instance has filled",
         "wcached/daemon/filler.py",
-        "                on_filled(HeldModel(m, fds, msg.fill_seconds))",
-        "                filled_now.append(HeldModel(m, fds, msg.fill_seconds))",
+        "on_filled(HeldModel(m, fds, msg.fill_seconds",
+        "filled_now.append(HeldModel(m, fds, msg.fill_seconds",
         (
             "tests/daemon/test_restore.py::test_a_model_is_kept_as_it_fills_so_a_later_failure_costs_only_that_model",
         ),
