@@ -801,8 +801,9 @@ def main() -> None:
             logs = {u: sh(f"journalctl -u {u} --no-pager -o cat").stdout for u in names}
             report = "\n".join(f"--- {u}: {states[u]}\n{logs[u][-2500:]}" for u in names)
             assert all(v == "active" for v in states.values()), report
-            # The vLLM loader's fill phases, not the earlier demo fill.
-            assert all("vllm_load" in log for log in logs.values()), report
+            # The vLLM loader's fill phases (its engine set up, its reading
+            # timed apart), not the earlier demo fill.
+            assert all("vllm_setup" in log and ", read " in log for log in logs.values()), report
             status = json.loads(sh("wcached status --json", check=True).stdout)
             by_name = {s["instance"]: s for s in status}
             for inst in instances:
