@@ -45,8 +45,10 @@ FLOORS: dict[str, tuple[float, int]] = {
     # session 16 wrote a test for those 2 and ran them with it: caught, none held.
     "wcached/client/attach.py": (90.8, 0),
     # Scored whole in session 13 (174 mutants, --max-tests 12): 156 caught,
-    # 14 survived and 4 that no test runs; 7 triaged, 11 held by the ceiling.
-    "wcached/protocol/runs.py": (91.8, 11),
+    # 14 survived and 4 that no test runs; 7 triaged, 11 held by the ceiling;
+    # session 17 triaged those 11 (9 caught by tests written then, run with
+    # each mutant applied; 2 equivalent), none held.
+    "wcached/protocol/runs.py": (91.8, 0),
     # Scored whole in session 12 (561 mutants, --max-tests 12): 455 caught,
     # 80 survived and 26 that no test runs; 78 triaged as caught by
     # tests/test_config.py run whole with the mutant applied (after the
@@ -1374,4 +1376,60 @@ TRIAGE: dict[tuple[str, str, str], str] = {
         "_Watcher._run",
         "-                time.sleep(0.05)  # an fd closed under us: look again\n+                time.sleep(1.05)  # an fd closed under us: look again",
     ): "accepted: unreachable on Linux: selectors.DefaultSelector is epoll there, a closed fd leaves the epoll set by itself and epoll_wait does not fail for it (EINTR is retried by Python); the guard is for selectors that do",
+    # Session 17: the 11 held survivors of protocol/runs.py, after a test of where runs start and whole-message matches.
+    (
+        "wcached/protocol/runs.py",
+        "to_runs",
+        "-        step = 0\n+        step = None",
+    ): "equivalent: the first step is overwritten before it is read: by the next entry's distance, or by 0 for a run of one (alias or last entry)",
+    (
+        "wcached/protocol/runs.py",
+        "to_runs",
+        "-        step = 0\n+        step = 1",
+    ): "equivalent: the first step is overwritten before it is read: by the next entry's distance, or by 0 for a run of one (alias or last entry)",
+    (
+        "wcached/protocol/runs.py",
+        "to_runs",
+        "-            step = entries[j].offset - t.offset\n+            step = entries[j].offset + t.offset",
+    ): "caught: tests/protocol/test_runs.py::test_runs_are_the_fewest_wherever_in_the_manifest_they_start, run with the mutant applied",
+    (
+        "wcached/protocol/runs.py",
+        "to_runs",
+        "-            if step > 0:\n+            if step > 1:",
+    ): "caught: tests/protocol/test_runs.py::test_runs_are_the_fewest_wherever_in_the_manifest_they_start, run with the mutant applied",
+    (
+        "wcached/protocol/runs.py",
+        "to_runs",
+        "-                    j < n and _same_layout(entries[j], t) and entries[j].offset == t.offset + (j - i) * step\n+                    j < n and _same_layout(entries[j], t) and entries[j].offset == t.offset + (j + i) * step",
+    ): "caught: tests/protocol/test_runs.py::test_runs_are_the_fewest_wherever_in_the_manifest_they_start, run with the mutant applied",
+    (
+        "wcached/protocol/runs.py",
+        "to_runs",
+        "-        if j == i + 1:\n+        if j == i - 1:",
+    ): "caught: tests/protocol/test_runs.py::test_runs_are_the_fewest_wherever_in_the_manifest_they_start, run with the mutant applied",
+    (
+        "wcached/protocol/runs.py",
+        "check_run",
+        '-    where = f"run of {run.names[0]!r}" if run.names else "a run"\n+    where = None',
+    ): "caught: tests/protocol/test_runs.py::test_a_malformed_run_is_a_protocol_error, run with the mutant applied (its messages matched whole)",
+    (
+        "wcached/protocol/runs.py",
+        "check_run",
+        '-    where = f"run of {run.names[0]!r}" if run.names else "a run"\n+    where = f"run of {run.names[0]!r}" if (run.names) and False else "a run"',
+    ): "caught: tests/protocol/test_runs.py::test_a_malformed_run_is_a_protocol_error, run with the mutant applied (its messages matched whole)",
+    (
+        "wcached/protocol/runs.py",
+        "check_run",
+        '-    where = f"run of {run.names[0]!r}" if run.names else "a run"\n+    where = f"run of {run.names[0]!r}" if run.names else "XXa runXX"',
+    ): "caught: tests/protocol/test_runs.py::test_a_malformed_run_is_a_protocol_error, run with the mutant applied (its messages matched whole)",
+    (
+        "wcached/protocol/runs.py",
+        "check_run",
+        '-    where = f"run of {run.names[0]!r}" if run.names else "a run"\n+    where = f"run of {run.names[0]!r}" if run.names else "A RUN"',
+    ): "caught: tests/protocol/test_runs.py::test_a_malformed_run_is_a_protocol_error, run with the mutant applied (its messages matched whole)",
+    (
+        "wcached/protocol/runs.py",
+        "received",
+        '-        raise ProtocolError("a manifest must carry tensors or runs, not both")\n+        raise ProtocolError("XXa manifest must carry tensors or runs, not bothXX")',
+    ): "caught: tests/protocol/test_runs.py::test_a_manifest_with_both_entries_and_runs_is_refused, run with the mutant applied (its message matched whole)",
 }

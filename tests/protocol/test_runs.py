@@ -104,6 +104,27 @@ def test_many_experts_travel_as_one_run() -> None:
     assert len(msgspec.msgpack.encode(manifest)) < len(msgspec.msgpack.encode(_manifest(experts))) / 2
 
 
+def test_runs_are_the_fewest_wherever_in_the_manifest_they_start() -> None:
+    """A Llama layer's stretches start after other tensors, at any offset: each
+    is one run, and what stands alone is a run of one with step 0 (the one
+    form of a fill, so the lease's "same fill" test compares runs that a
+    daemon of another version would make alike)."""
+    norm = _entry("norm", 0, shape=(8,), stride=(1,), nbytes=16)
+    gate_up = [_entry(f"l0.gate_up.{i}", 4096 + 64 * i) for i in range(3)]
+    head = _entry("head", 8192, dtype="float16")
+    scales = [
+        _entry(f"l0.scale.{i}", 9000 + i, dtype="int8", shape=(1,), stride=(1,), nbytes=1) for i in range(4)
+    ]
+    runs = to_runs([norm, *gate_up, head, *scales])
+    assert [(r.names[0], len(r.names), r.offset, r.step) for r in runs] == [
+        ("norm", 1, 0, 0),
+        ("l0.gate_up.0", 3, 4096, 64),
+        ("head", 1, 8192, 0),
+        # Byte-sized scales back to back: a step of one byte is a step.
+        ("l0.scale.0", 4, 9000, 1),
+    ]
+
+
 def test_a_client_below_version_3_gets_entries() -> None:
     m = _manifest([_entry("a", 0), _entry("b", 64)])
     assert for_version(m, 2) is m and for_version(m, 1) is m and for_version(m, 3).runs
@@ -112,8 +133,11 @@ def test_a_client_below_version_3_gets_entries() -> None:
 @pytest.mark.parametrize(
     ("run", "problem"),
     [
-        (TensorRun("bfloat16", (2,), (1,), 0, 0, 0, 4, "param", []), "names no tensor"),
-        (TensorRun("bfloat16", (2,), (1,), 0, 0, 4, 4, "param", ["a", "b"], ["d"]), "1 digests for 2"),
+        (TensorRun("bfloat16", (2,), (1,), 0, 0, 0, 4, "param", []), "^a run names no tensor$"),
+        (
+            TensorRun("bfloat16", (2,), (1,), 0, 0, 4, 4, "param", ["a", "b"], ["d"]),
+            "^run of 'a': 1 digests for 2 tensors$",
+        ),
         (TensorRun("bfloat16", (2,), (1,), 0, 0, 4, 4, "param", ["a", "b"], list("def")), "3 digests for 2"),
         (TensorRun("bfloat16", (2,), (1,), 0, 0, 0, 4, "param", ["a", "b"]), "positive step"),
         (TensorRun("bfloat16", (2,), (1,), 0, 64, -4, 4, "param", ["a", "b"]), "positive step"),
@@ -130,7 +154,7 @@ def test_a_malformed_run_is_a_protocol_error(run: TensorRun, problem: str) -> No
 
 def test_a_manifest_with_both_entries_and_runs_is_refused() -> None:
     m = _manifest([_entry("a", 0)])
-    with pytest.raises(ProtocolError, match="tensors or runs, not both"):
+    with pytest.raises(ProtocolError, match=r"^a manifest must carry tensors or runs, not both$"):
         received(msgspec.structs.replace(m, runs=to_runs(m.tensors)))
 
 
