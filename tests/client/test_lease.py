@@ -574,3 +574,38 @@ def test_the_watch_reads_a_quiet_connection_as_held_and_a_closed_one_as_ended(
     assert "wrote to an attached connection" in caplog.text
     mine.close()
     daemons.close()
+
+
+def test_of_two_lost_leases_the_one_due_first_is_tried_first() -> None:
+    """The watcher sleeps until the earliest lost lease is due, not the one
+    it looked at last: a lease due in half a second is tried long before
+    one due in a minute that was lost after it."""
+    from wcached.client.lease import _Watcher
+
+    tried: dict[str, float] = {}
+
+    class Lost:
+        """What the watcher reads of a lease its daemon ended."""
+
+        def __init__(self, name: str, due_in: float) -> None:
+            self.name, self.stopped, self.lost_at = name, False, time.monotonic()
+            self.retry_at = self.lost_at + due_in
+
+        def try_again(self, now: float) -> bool:
+            tried[self.name] = now
+            self.retry_at = now + 3600  # not due again within this test
+            return False
+
+    watcher = _Watcher()  # its own thread, apart from the process's watcher
+    soon, later = Lost("soon", 0.5), Lost("later", 60)
+    watcher.add(soon)  # type: ignore[arg-type]
+    watcher.add(later)  # type: ignore[arg-type]
+    try:
+        deadline = time.monotonic() + 10
+        while "soon" not in tried and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "soon" in tried and "later" not in tried, tried
+        assert tried["soon"] >= soon.lost_at + 0.5
+    finally:
+        watcher.remove(soon)  # type: ignore[arg-type]
+        watcher.remove(later)  # type: ignore[arg-type]

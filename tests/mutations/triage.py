@@ -30,10 +30,10 @@ FLOORS: dict[str, tuple[float, int]] = {
     # written after the score), 7 held.
     # Session 16: 6 of the 7 held triaged (3 caught by tests written or
     # sharpened then, run with the mutant applied; 3 unreachable on epoll).
-    # Held: the poll timeout taking the last lost lease's wait instead of the
-    # earliest (a re-attach delayed, up to RETRY_MAX_S); it needs the timeout
-    # computed apart from _Watcher._run to be tested.
-    "wcached/client/lease.py": (91.8, 1),
+    # Session 17: the last held (the poll timeout taking the last lost
+    # lease's wait instead of the earliest) caught by a test of two lost
+    # leases, run with the mutant applied; none held.
+    "wcached/client/lease.py": (91.8, 0),
     # Scored whole in session 14 (168 mutants, the same way): 134 caught,
     # 28 survived and 6 that no test runs; 32 triaged (caught by the file
     # run whole with the mutant applied, or equivalent/accepted), 2 held;
@@ -1432,4 +1432,10 @@ TRIAGE: dict[tuple[str, str, str], str] = {
         "received",
         '-        raise ProtocolError("a manifest must carry tensors or runs, not both")\n+        raise ProtocolError("XXa manifest must carry tensors or runs, not bothXX")',
     ): "caught: tests/protocol/test_runs.py::test_a_manifest_with_both_entries_and_runs_is_refused, run with the mutant applied (its message matched whole)",
+    # Session 17: the held survivor of client/lease.py, after a test of two lost leases due at different times.
+    (
+        "wcached/client/lease.py",
+        "_Watcher._run",
+        "-                    timeout = wait if timeout is None else min(timeout, wait)\n+                    timeout = wait if (timeout is None) or True else min(timeout, wait)",
+    ): "caught: tests/client/test_lease.py::test_of_two_lost_leases_the_one_due_first_is_tried_first, run with the mutant applied",
 }
