@@ -85,7 +85,8 @@ def listen_fds(env: dict[str, str] | None = None) -> list[tuple[str, int]]:
         count = int(env.get("LISTEN_FDS", "0"))
     except ValueError:
         pid, count = 0, 0
-    names = env.get("LISTEN_FDNAMES", "").split(":")
+    # Without LISTEN_FDNAMES every fd is "unknown" (sd_listen_fds_with_names).
+    names = env["LISTEN_FDNAMES"].split(":") if "LISTEN_FDNAMES" in env else []
     for var in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
         env.pop(var, None)
     if pid != os.getpid() or count <= 0:
