@@ -255,6 +255,7 @@ def test_stored_fds_are_grouped_by_model_and_the_rest_closed() -> None:
         "other/x/seg0",  # not ours
         "wcache1/a/seg1",
         "wcache1/a/segx",  # not a part we make
+        "wcache1/a/bad2",  # digits, but not after "seg"
         "wcache1/b/seg0",
         "other/x/seg0",  # the same unknown name again
         "wcache1/a/seg0",
@@ -264,23 +265,23 @@ def test_stored_fds_are_grouped_by_model_and_the_rest_closed() -> None:
     fds = [os.open("/dev/null", os.O_RDONLY) for _ in names]
     entries, unknown = group_by_model(list(zip(names, fds, strict=True)))
     try:
-        assert unknown == ["other/x/seg0", "wcache1/a/segx"]
+        assert unknown == ["other/x/seg0", "wcache1/a/segx", "wcache1/a/bad2"]
         assert sorted(entries) == ["a", "b"]
         a, b = entries["a"], entries["b"]
         assert (a.model, a.record_fd, a.segment_fds, a.duplicated) == (
             "a",
             fds[0],
-            {1: fds[2], 0: fds[6]},
+            {1: fds[2], 0: fds[7]},
             "wcache1/a/seg1",
         )
         assert a.names == ["wcache1/a/manifest", "wcache1/a/seg1", "wcache1/a/seg0"]
         assert (b.model, b.record_fd, b.segment_fds, b.names) == (
             "b",
-            fds[8],
-            {0: fds[4]},
+            fds[9],
+            {0: fds[5]},
             ["wcache1/b/seg0", "wcache1/b/manifest"],
         )
-        kept = {fds[i] for i in (0, 2, 4, 6, 8)}
+        kept = {fds[i] for i in (0, 2, 5, 7, 9)}
         for fd in set(fds) - kept:
             with pytest.raises(OSError):
                 os.fstat(fd)
