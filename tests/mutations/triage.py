@@ -1598,12 +1598,12 @@ TRIAGE: dict[tuple[str, str, str], str] = {
     (
         "wcached/daemon/fdstore.py",
         "listen_fds",
-        "-        pid = int(env.get(\"LISTEN_PID\", \"0\"))\n+        pid = int(env.get(\"LISTEN_PID\", \"XX0XX\"))",
+        '-        pid = int(env.get("LISTEN_PID", "0"))\n+        pid = int(env.get("LISTEN_PID", "XX0XX"))',
     ): "equivalent: a missing LISTEN_PID gives pid 0 or a ValueError whose fallback is pid 0; either way no fd is taken",
     (
         "wcached/daemon/fdstore.py",
         "listen_fds",
-        "-        count = int(env.get(\"LISTEN_FDS\", \"0\"))\n+        count = int(env.get(\"LISTEN_FDS\", \"XX0XX\"))",
+        '-        count = int(env.get("LISTEN_FDS", "0"))\n+        count = int(env.get("LISTEN_FDS", "XX0XX"))',
     ): "equivalent: a missing LISTEN_FDS gives count 0 or a ValueError whose fallback is count 0; either way no fd is taken",
     (
         "wcached/daemon/fdstore.py",
@@ -1628,18 +1628,18 @@ TRIAGE: dict[tuple[str, str, str], str] = {
     (
         "wcached/daemon/fdstore.py",
         "group_by_model",
-        "-        part = parsed[1] if parsed else \"\"\n+        part = parsed[1] if parsed else \"XXXX\"",
+        '-        part = parsed[1] if parsed else ""\n+        part = parsed[1] if parsed else "XXXX"',
     ): "equivalent: when the name does not parse, the condition below is decided by parsed is None before part is read",
     (
         "wcached/daemon/fdstore.py",
         "group_by_model",
-        "-        seg = part[3:] if part.startswith(\"seg\") else \"\"\n+        seg = part[3:] if (part.startswith(\"seg\")) or True else \"\"",
-    ): "caught: tests/daemon/test_fdstore.py::test_stored_fds_are_grouped_by_model_and_the_rest_closed, run with the mutant applied (a part with digits not after \"seg\" is unknown)",
+        '-        seg = part[3:] if part.startswith("seg") else ""\n+        seg = part[3:] if (part.startswith("seg")) or True else ""',
+    ): 'caught: tests/daemon/test_fdstore.py::test_stored_fds_are_grouped_by_model_and_the_rest_closed, run with the mutant applied (a part with digits not after "seg" is unknown)',
     (
         "wcached/daemon/fdstore.py",
         "group_by_model",
-        "-        seg = part[3:] if part.startswith(\"seg\") else \"\"\n+        seg = part[3:] if part.startswith(\"seg\") else \"XXXX\"",
-    ): "equivalent: a part not starting with \"seg\" gets a seg that is not digits either way",
+        '-        seg = part[3:] if part.startswith("seg") else ""\n+        seg = part[3:] if part.startswith("seg") else "XXXX"',
+    ): 'equivalent: a part not starting with "seg" gets a seg that is not digits either way',
     (
         "wcached/daemon/fdstore.py",
         "FdStore.store",
