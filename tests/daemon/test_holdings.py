@@ -305,3 +305,205 @@ def test_a_name_stored_twice_is_served_from_neither(listener: NotifyListener, ck
     assert _states(again) == {"default": "stale"}
     assert "twice" in again.slots["default"].reason
     assert listener.stored_names() == []
+
+
+# -- what the journal says of each transition --------------------------------
+
+
+def _journal(caplog: pytest.LogCaptureFixture) -> list[tuple[str, str, str | None]]:
+    """The holdings' lines as journald gets them: level, text and the MODEL=
+    field (the ``model`` extra) an operator filters by."""
+    return [
+        (r.levelname, r.getMessage(), getattr(r, "model", None))
+        for r in caplog.records
+        if r.name == "wcached.holdings"
+    ]
+
+
+def _fill_with_phases(h: Holdings) -> None:
+    todo = h.to_fill()
+    h.begin_fill(todo)
+    for m in todo:
+        filled = get_loader("safetensors").fill(m, HostBackend(), DEVICE.instance_id, lambda *a: None)
+        h.filled(HeldModel(filled.manifest, filled.fds, 1.5, phases={"read": 0.75}, read_bytes=4321))
+
+
+def test_a_fill_and_its_restore_say_what_they_did_in_the_journal(
+    listener: NotifyListener, ckpt: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    h = _holdings(listener, _model(ckpt))
+    with caplog.at_level(logging.DEBUG, "wcached.holdings"):
+        _fill_with_phases(h)
+    m = h.get("default").manifest
+    segs = len(m.segments)
+    assert _journal(caplog) == [
+        ("DEBUG", "default: configured -> filling ", "default"),
+        ("DEBUG", "default: filling -> held ", "default"),
+        (
+            "INFO",
+            f"default kept in the fd store ({segs} segment fds and its record; {segs + 1} of 4096 in use)",
+            "default",
+        ),
+    ]
+    h.close()
+    caplog.clear()
+    # The restore's time from the holdings' own clock: 250 ms.
+    from types import SimpleNamespace
+
+    import wcached.daemon.holdings as holdings
+
+    clock = iter([100.0, 100.25])
+    monkeypatch.setattr(holdings, "time", SimpleNamespace(monotonic=lambda: next(clock)))
+    again = _holdings(listener, _model(ckpt))
+    with caplog.at_level(logging.DEBUG, "wcached.holdings"):
+        again.restore(_listened(listener))
+    assert _journal(caplog) == [
+        ("DEBUG", "default: configured -> restored ", "default"),
+        (
+            "INFO",
+            f"restored default from the fd store: {len(m.tensors)} tensors, {m.total_bytes / 2**20:.1f} MiB "
+            f"in {segs} segment(s) in 250 ms, no checkpoint read",
+            "default",
+        ),
+    ]
+    assert m.total_bytes / 2**20 >= 0.1  # the MiB figure is not 0.0 whatever its unit
+    # What status shows of it: the fill before the restart, phase by phase.
+    (status,) = again.statuses()
+    assert (status.state, status.origin, status.fill_seconds, status.phases, status.read_bytes) == (
+        "ready",
+        "restored",
+        1.5,
+        {"read": 0.75},
+        4321,
+    )
+    again.close()
+
+
+def test_a_changed_checkpoint_says_it_is_refilled_and_why(
+    listener: NotifyListener, ckpt: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    h = _holdings(listener, _model(ckpt))
+    _fill(h)
+    h.close()
+    shard = sorted(ckpt.glob("*.safetensors"))[0]
+    os.utime(shard, ns=(shard.stat().st_atime_ns, shard.stat().st_mtime_ns + 1))
+    again = _holdings(listener, _model(ckpt))
+    with caplog.at_level(logging.INFO, "wcached.holdings"):
+        again.restore(_listened(listener))
+    reason = again.slots["default"].reason
+    assert "was modified" in reason
+    assert _journal(caplog) == [("WARNING", f"refilling default, because {reason}", "default")]
+
+
+def test_an_absent_checkpoint_says_its_fill_stays_stored_and_it_is_filled_again(
+    listener: NotifyListener, ckpt: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    h = _holdings(listener, _model(ckpt))
+    _fill(h)
+    h.close()
+    ckpt.rename(ckpt.with_name("ckpt.away"))
+    again = _holdings(listener, _model(ckpt), _model(ckpt, "other"))
+    with caplog.at_level(logging.INFO, "wcached.holdings"):
+        again.restore(_listened(listener))
+    reason = again.slots["default"].reason
+    assert _journal(caplog) == [
+        (
+            "WARNING",
+            f"default stays in the fd store unserved until its checkpoint can be compared again: {reason}",
+            "default",
+        )
+    ]
+    # Away is filled again at this start (whose path check then says what is wrong).
+    assert [m.name for m in again.to_fill()] == ["default", "other"]
+    again.close()
+
+
+def test_stored_models_of_no_configured_name_and_unknown_names_are_dropped_saying_so(
+    listener: NotifyListener, ckpt: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    h = _holdings(listener, _model(ckpt, "gone"))
+    _fill(h)
+    h.close()
+    listened = _listened(listener)
+    again = _holdings(listener, _model(ckpt))
+    before = set(os.listdir("/proc/self/fd"))
+    strangers = [
+        ("foreign/x/seg0", os.open("/dev/null", os.O_RDONLY)),
+        ("wcache1/gone/segx", os.open("/dev/null", os.O_RDONLY)),
+    ]
+    with caplog.at_level(logging.INFO, "wcached.holdings"):
+        again.restore(strangers + listened)
+    assert _journal(caplog) == [
+        (
+            "WARNING",
+            "dropping 2 fd(s) of unknown names from the store: foreign/x/seg0, wcache1/gone/segx",
+            None,
+        ),
+        ("INFO", "dropping gone from the fd store: no longer configured for this instance", "gone"),
+    ]
+    listener.drain()
+    removed = [
+        line.removeprefix("FDNAME=")
+        for m in listener.messages
+        if "FDSTOREREMOVE=1" in m.split("\n")
+        for line in m.split("\n")
+        if line.startswith("FDNAME=")
+    ]
+    assert removed[:2] == ["foreign/x/seg0", "wcache1/gone/segx"]
+    assert set(removed[2:]) == {name for name, _ in listened}
+    assert set(os.listdir("/proc/self/fd")) <= before  # every fd handed over is closed
+    assert again.store.used == 0
+
+
+def test_a_stored_record_that_is_not_usable_is_stale_naming_why(listener: NotifyListener, ckpt: Path) -> None:
+    from wcached.daemon.fdstore import read_record, write_record
+
+    h = _holdings(listener, _model(ckpt))
+    _fill(h)
+    h.close()
+    listened = _listened(listener)
+    (record_fd,) = [fd for name, fd in listened if name == fd_name("default", "manifest")]
+    record = read_record(record_fd)
+    others = [(n, fd) for n, fd in listened if fd != record_fd]
+    os.close(record_fd)
+
+    def restored_with(rfd: int) -> Holdings:
+        again = _holdings(listener, _model(ckpt))
+        again.restore([(fd_name("default", "manifest"), rfd)] + [(n, os.dup(fd)) for n, fd in others])
+        return again
+
+    garbage = os.memfd_create("garbage")
+    os.write(garbage, b"\xc1")
+    again = restored_with(garbage)
+    assert _states(again) == {"default": "stale"}
+    assert again.slots["default"].reason.startswith("its stored record is not usable: unreadable record: ")
+    import msgspec
+
+    again = restored_with(write_record(msgspec.structs.replace(record, instance="cpu7")))
+    assert (again.slots["default"].state, again.slots["default"].reason) == (
+        "stale",
+        "it was stored by instance cpu7",
+    )
+    # A segment that is not the sealed memfd it was stored as.
+    (seg0,) = [fd for n, fd in others if n == fd_name("default", "seg0")]
+    unsealed = os.memfd_create("unsealed")
+    os.ftruncate(unsealed, os.fstat(seg0).st_size)
+    os.dup2(unsealed, seg0)
+    os.close(unsealed)
+    again = restored_with(write_record(record))
+    assert again.slots["default"].state == "stale"
+    assert again.slots["default"].reason.startswith("a stored segment is not usable: ")
+    for _, fd in others:
+        os.close(fd)
+
+
+def test_asking_for_a_model_not_served_names_those_that_are(listener: NotifyListener, ckpt: Path) -> None:
+    h = _holdings(listener, _model(ckpt), _model(ckpt, "second"))
+    with pytest.raises(UnknownModel, match=r"^no model 'x' on cpu0 \(serving: none\)$"):
+        h.get("x")
+    _fill(h)
+    with pytest.raises(UnknownModel, match=r"^no model 'x' on cpu0 \(serving: default, second\)$"):
+        h.get("x")
+    h.release("default")
+    assert [(s.name, s.state) for s in h.statuses()] == [("default", "released"), ("second", "ready")]
+    h.close()
