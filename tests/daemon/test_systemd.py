@@ -9,6 +9,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import NotifyListener, start_daemon, wait_ready
 from wcached.daemon.systemd import Notifier, fdstore_limit
 
@@ -147,3 +149,234 @@ def test_the_liveness_probe_is_served_when_every_slot_is_a_lease(work: Path, sha
     finally:
         d.stop()
         d.notify.close()
+
+
+# -- the notify channel's own rules, without a daemon --------------------------
+
+
+def _receiver(address: str) -> socket.socket:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    s.bind(address)
+    s.settimeout(2.0)
+    return s
+
+
+def _received(s: socket.socket) -> list[str]:
+    """Every datagram queued at ``s``, as text."""
+    got = []
+    s.settimeout(0.05)
+    while True:
+        try:
+            got.append(s.recv(65536).decode())
+        except TimeoutError:
+            return got
+
+
+@pytest.mark.parametrize("env", [{}, {"NOTIFY_SOCKET": ""}])
+def test_without_a_notify_socket_every_call_is_a_quiet_no_op(env: dict[str, str], caplog) -> None:
+    notifier = Notifier(env)
+    assert not notifier.enabled
+    assert notifier.notify("READY=1") is False
+    assert notifier.notify("FDSTORE=1", "FDNAME=x", fds=[0], wait=True) is False
+    notifier.ready("serving")
+    notifier.status("filling")
+    notifier.flush()
+    notifier.extend_timeout(30)
+    notifier.stopping()
+    notifier.ping_watchdog()
+    assert not notifier.watchdog_due()
+    assert caplog.records == []
+
+
+def test_an_abstract_notify_socket_is_reached_by_its_at_name() -> None:
+    name = f"wcached-test-{os.getpid()}-{time.monotonic_ns()}"
+    s = _receiver("\0" + name)
+    try:
+        notifier = Notifier({"NOTIFY_SOCKET": "@" + name})
+        assert notifier.enabled
+        notifier.ready("serving m")
+        assert _received(s) == ["READY=1\nSTATUS=serving m"]
+    finally:
+        s.close()
+
+
+def test_each_message_is_one_datagram_of_its_fields(work: Path) -> None:
+    s = _receiver(str(work / "notify"))
+    try:
+        notifier = Notifier({"NOTIFY_SOCKET": str(work / "notify")})
+        notifier.ready("serving m")
+        notifier.status("filling m")
+        notifier.extend_timeout(1.5)
+        notifier.stopping()
+        notifier.stopping("stopping: signal 15")
+        assert _received(s) == [
+            "READY=1\nSTATUS=serving m",
+            "STATUS=filling m",
+            "EXTEND_TIMEOUT_USEC=1500000",
+            "STOPPING=1\nSTATUS=stopping",
+            "STOPPING=1\nSTATUS=stopping: signal 15",
+        ]
+        notifier.flush()  # the status line was sent: nothing is pending
+        assert _received(s) == []
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("final", ["ready", "stopping"])
+def test_a_held_back_status_line_is_not_sent_after_ready_or_stopping(work: Path, final: str) -> None:
+    """A status line a full queue held back is older than READY=1's or
+    STOPPING=1's: sent after them, `systemctl status` would show it."""
+    listener = NotifyListener(work)
+    notifier = Notifier({"NOTIFY_SOCKET": listener.path})
+    senders = _fill_queue(listener.path)
+    try:
+        notifier.status("filling m")  # held back: the queue is full
+        listener.drain()
+        assert not any(m.startswith("STATUS=filling") for m in listener.messages)
+        getattr(notifier, final)("done")
+        notifier.flush()
+        listener.drain()
+        assert not any(m.startswith("STATUS=filling") for m in listener.messages), listener.messages
+        assert listener.messages[-1].endswith("\nSTATUS=done")
+    finally:
+        for s in senders:
+            s.close()
+        listener.close()
+
+
+def test_a_state_change_gives_up_on_a_queue_that_stays_full_and_says_so(
+    work: Path, monkeypatch, caplog
+) -> None:
+    monkeypatch.setattr("wcached.daemon.systemd.STATE_SEND_TIMEOUT_S", 1.2)
+    listener = NotifyListener(work)
+    notifier = Notifier({"NOTIFY_SOCKET": listener.path})
+    senders = _fill_queue(listener.path)
+    try:
+        started = time.monotonic()
+        assert notifier.notify("FDSTOREREMOVE=1", "FDNAME=x", wait=True) is False
+        assert time.monotonic() - started >= 1.2
+        assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == [
+            "sd_notify ('FDSTOREREMOVE=1', 'FDNAME=x') not sent: "
+            "the notify socket's queue stayed full for 1 s"
+        ]
+    finally:
+        for s in senders:
+            s.close()
+        listener.close()
+
+
+def test_a_notify_socket_gone_fails_at_once_and_is_logged(work: Path, caplog) -> None:
+    """Not a full queue: a state change does not wait for a receiver that is
+    gone, and the failure is in the log."""
+    s = _receiver(str(work / "notify"))
+    notifier = Notifier({"NOTIFY_SOCKET": str(work / "notify")})
+    s.close()
+    started = time.monotonic()
+    assert notifier.notify("FDSTORE=1", "FDNAME=x", wait=True) is False
+    assert time.monotonic() - started < 10  # STATE_SEND_TIMEOUT_S is 60
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and warnings[0].startswith("sd_notify ('FDSTORE=1', 'FDNAME=x') failed: "), (
+        warnings
+    )
+
+
+def test_a_notify_socket_that_appears_late_is_addressed_per_message(work: Path, monkeypatch, caplog) -> None:
+    path = str(work / "notify")
+    notifier = Notifier({"NOTIFY_SOCKET": path})
+    assert notifier.enabled
+    assert [r.getMessage() for r in caplog.records] == [
+        f"cannot connect to the notify socket {path}: [Errno 2] No such file or directory"
+    ]
+    s = _receiver(path)
+    try:
+        notifier.ready("serving m")
+        assert _received(s) == ["READY=1\nSTATUS=serving m"]
+        # Unconnected, a full queue is waited for by time, and given up on.
+        monkeypatch.setattr("wcached.daemon.systemd.STATE_SEND_TIMEOUT_S", 0.5)
+        senders = _fill_queue(path)
+        try:
+            assert notifier.notify("FDSTORE=1", "FDNAME=x", wait=True) is False
+            assert notifier.notify("STATUS=x") is False
+        finally:
+            for x in senders:
+                x.close()
+    finally:
+        s.close()
+
+
+def test_the_watchdog_is_half_its_interval_and_only_for_this_process(work: Path) -> None:
+    def interval(**env: str) -> float | None:
+        return Notifier(env).watchdog_interval
+
+    assert interval(WATCHDOG_USEC="30000000") == 15.0
+    assert interval(WATCHDOG_USEC="30000000", WATCHDOG_PID=str(os.getpid())) == 15.0
+    assert interval(WATCHDOG_USEC="30000000", WATCHDOG_PID=str(os.getpid() + 1)) is None
+    assert interval(WATCHDOG_USEC="") is None
+    assert interval(WATCHDOG_USEC="30s") is None
+    assert interval() is None
+
+
+def test_a_ping_taken_is_due_again_after_half_the_interval(work: Path) -> None:
+    listener = NotifyListener(work)
+    try:
+        notifier = Notifier({"NOTIFY_SOCKET": listener.path, "WATCHDOG_USEC": "400000"})
+        assert notifier.watchdog_due()
+        notifier.ping_watchdog()
+        assert not notifier.watchdog_due()
+        time.sleep(0.25)  # past half of 0.4 s
+        assert notifier.watchdog_due()
+        listener.drain()
+        assert listener.messages == ["WATCHDOG=1"]
+        # Without WATCHDOG_USEC (or for another process) nothing is pinged.
+        other = Notifier({"NOTIFY_SOCKET": listener.path, "WATCHDOG_USEC": "400000", "WATCHDOG_PID": "1"})
+        assert not other.watchdog_due()
+        other.ping_watchdog()
+        listener.drain()
+        assert listener.messages == ["WATCHDOG=1"]
+    finally:
+        listener.close()
+
+
+@pytest.mark.parametrize(
+    "env, limit",
+    [({"FDSTORE": "0"}, 0), ({"FDSTORE": "-1"}, None), ({"FDSTORE": ""}, None), ({"FDSTORE": " 12 "}, 12)],
+)
+def test_fdstore_limit_edges(env: dict[str, str], limit: int | None) -> None:
+    assert fdstore_limit(env) == limit
+
+
+def test_fdstore_limit_is_read_from_the_process_environment_by_default(monkeypatch) -> None:
+    monkeypatch.setenv("FDSTORE", "77")
+    assert fdstore_limit() == 77
+    monkeypatch.delenv("FDSTORE")
+    assert fdstore_limit() is None
+
+
+@pytest.mark.parametrize("final", ["ready", "stopping"])
+def test_ready_and_stopping_wait_for_room_in_a_full_queue(work: Path, final: str) -> None:
+    listener = NotifyListener(work)
+    notifier = Notifier({"NOTIFY_SOCKET": listener.path})
+    senders = _fill_queue(listener.path)
+    try:
+        sent = threading.Thread(target=getattr(notifier, final), args=("done",))
+        sent.start()
+        time.sleep(0.3)
+        assert sent.is_alive()  # waiting for room, not dropped
+        listener.drain()
+        sent.join(10)
+        listener.drain()
+        assert any(m.endswith("=1\nSTATUS=done") for m in listener.messages), listener.messages
+    finally:
+        for s in senders:
+            s.close()
+        listener.close()
+
+
+def test_the_notify_socket_is_read_from_the_process_environment_by_default(work: Path, monkeypatch) -> None:
+    s = _receiver(str(work / "notify"))
+    try:
+        monkeypatch.setenv("NOTIFY_SOCKET", str(work / "notify"))
+        Notifier().status("serving")
+        assert _received(s) == ["STATUS=serving"]
+    finally:
+        s.close()
