@@ -175,7 +175,11 @@ def test_a_record_without_its_segments_is_stale(listener: NotifyListener, ckpt: 
     again = _holdings(listener, _model(ckpt))
     again.restore(listened)
     assert _states(again) == {"default": "stale"}
-    assert "FileDescriptorStoreMax=" in again.slots["default"].reason
+    segs = len(h.get("default").manifest.segments)
+    assert again.slots["default"].reason == (
+        f"the store holds {segs - 1} of its {segs} segments "
+        "(stopped while storing, or FileDescriptorStoreMax= too low?)"
+    )
 
 
 def test_stored_models_no_longer_configured_leave_the_store(listener: NotifyListener, ckpt: Path) -> None:
@@ -209,7 +213,10 @@ def test_a_model_over_the_budget_is_held_not_stored(
         _fill(h)
     assert _states(h) == {"default": "held"}  # served all the same
     assert listener.stored_names() == []  # none of it: not a part that systemd would cut
-    (line,) = [r.getMessage() for r in caplog.records if "not kept" in r.getMessage()]
+    (line,) = [(text, model) for level, text, model in _journal(caplog) if level == "WARNING"]
+    assert line[1] == "default"  # the MODEL= field
+    line = line[0]
+    assert line.startswith("default not kept in the fd store, so a restart refills it: ")
     segments = len(h.get("default").manifest.segments)
     assert f"needs {segments + 1} fds" in line and "3 the unit allows" in line
     assert "segment_size = " in line and "FileDescriptorStoreMax=" in line
@@ -507,3 +514,127 @@ def test_asking_for_a_model_not_served_names_those_that_are(listener: NotifyList
     h.release("default")
     assert [(s.name, s.state) for s in h.statuses()] == [("default", "released"), ("second", "ready")]
     h.close()
+
+
+def test_a_restored_model_released_leaves_the_store(listener: NotifyListener, ckpt: Path) -> None:
+    """What the store adopted at start is the model's: its release removes it."""
+    h = _holdings(listener, _model(ckpt))
+    _fill(h)
+    h.close()
+    again = _holdings(listener, _model(ckpt))
+    again.restore(_listened(listener))
+    assert _states(again) == {"default": "restored"}
+    again.release("default")
+    assert listener.stored_names() == [] and again.store.used == 0
+    again.close()
+
+
+def test_status_shows_every_model_held_after_one_that_is_not(listener: NotifyListener, ckpt: Path) -> None:
+    h = _holdings(listener, _model(ckpt, "first"), _model(ckpt, "second"))
+    todo = h.to_fill()
+    h.begin_fill(todo)
+    filled = get_loader("safetensors").fill(todo[1], HostBackend(), DEVICE.instance_id, lambda *a: None)
+    h.filled(HeldModel(filled.manifest, filled.fds, filled.fill_seconds))
+    h.fill_failed("first: truncated")
+    assert _states(h) == {"first": "failed", "second": "held"}
+    assert [(s.name, s.state) for s in h.statuses()] == [("second", "ready")]
+    h.close()
+
+
+def test_models_are_held_as_made_for_the_instances_device(listener: NotifyListener, work: Path) -> None:
+    """A rank written with the GPU's index reaches the fill (and the stored
+    record) under the instance's canonical id."""
+    from wcached.device import Device
+    from wcached.loaders.vllm import VllmModel
+
+    gpu1 = Device("cuda", "GPU-1111", 1, "H200", aliases=("1",))
+    m = VllmModel(name="m", path=str(work), tensor_parallel_size=2, ranks={"0": 0, "1": 1})
+    store = FdStore(Notifier({"NOTIFY_SOCKET": listener.path}))
+    h = Holdings([m], gpu1, store, python="")
+    assert h.slots["m"].model.ranks == {"0": 0, "GPU-1111": 1}
+    assert h.to_fill()[0].rank_of("GPU-1111") == 1
+
+
+class _EchoPython:
+    """A loader whose environment is the interpreter it is asked about (as
+    vLLM's is its release in the worker's interpreter)."""
+
+    def environment(self, model, python):
+        return f"python={python}"
+
+
+def test_the_environment_is_the_workers_interpreters_at_fill_and_at_restore(
+    listener: NotifyListener, ckpt: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from wcached.daemon import provenance
+    from wcached.daemon.fdstore import read_record
+
+    monkeypatch.setattr(provenance, "get_loader", lambda name: _EchoPython())
+    store = FdStore(Notifier({"NOTIFY_SOCKET": listener.path}))
+    h = Holdings([_model(ckpt)], DEVICE, store, python="/venv-a/bin/python")
+    _fill(h)
+    h.close()
+    listened = _listened(listener)
+    (record_fd,) = [fd for name, fd in listened if name == fd_name("default", "manifest")]
+    assert read_record(os.dup(record_fd)).environment == "python=/venv-a/bin/python"
+    same = Holdings(
+        [_model(ckpt)], DEVICE, FdStore(Notifier({"NOTIFY_SOCKET": listener.path})), "/venv-a/bin/python"
+    )
+    same.restore([(n, os.dup(fd)) for n, fd in listened])
+    assert _states(same) == {"default": "restored"}
+    same.close()
+    other = Holdings(
+        [_model(ckpt)], DEVICE, FdStore(Notifier({"NOTIFY_SOCKET": listener.path})), "/venv-b/bin/python"
+    )
+    other.restore(listened)
+    assert (other.slots["default"].state, other.slots["default"].reason) == (
+        "stale",
+        "the loader's environment changed (python=/venv-a/bin/python -> python=/venv-b/bin/python)",
+    )
+
+
+def test_a_fill_whose_provenance_cannot_be_taken_is_filled_but_not_stored_saying_why(
+    listener: NotifyListener, ckpt: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The loader's environment unknown at fill time: nothing to stamp the
+    fill with, so it is served and not kept (a restart refills it)."""
+    from wcached.daemon import provenance
+    from wcached.loaders.base import EnvironmentUnknown
+
+    class Unreachable:
+        def environment(self, model, python):
+            raise EnvironmentUnknown("cannot ask /venv/bin/python for its vLLM release: timed out")
+
+    monkeypatch.setattr(provenance, "get_loader", lambda name: Unreachable())
+    h = _holdings(listener, _model(ckpt))
+    with caplog.at_level(logging.WARNING, "wcached.holdings"):
+        _fill(h)
+    assert _states(h) == {"default": "held"}
+    assert listener.stored_names() == []
+    assert _journal(caplog) == [
+        (
+            "WARNING",
+            "default will not be kept in the fd store: "
+            "cannot ask /venv/bin/python for its vLLM release: timed out",
+            "default",
+        )
+    ]
+    h.close()
+
+
+def test_a_hub_id_is_filled_but_never_stored_saying_why(
+    listener: NotifyListener, caplog: pytest.LogCaptureFixture
+) -> None:
+    from wcached.loaders.vllm import VllmModel
+
+    h = _holdings(listener, VllmModel(name="m", path="org/model"))
+    with caplog.at_level(logging.WARNING, "wcached.holdings"):
+        h.begin_fill(h.to_fill())
+    assert _states(h) == {"m": "filling"} and h.slots["m"].provenance is None
+    assert _journal(caplog) == [
+        (
+            "WARNING",
+            "m will not be kept in the fd store: org/model is a hub id, whose files cannot be stamped",
+            "m",
+        )
+    ]

@@ -206,12 +206,11 @@ class Holdings:
             if self.store.enabled:
                 try:
                     slot.provenance = Provenance.take(slot.model, self.python)
-                except EnvironmentAway as e:
+                except (EnvironmentAway, NotRestorable) as e:
+                    # (EnvironmentAway first: it is a CheckpointAway too.)
                     log.warning("%s will not be kept in the fd store: %s", m.name, e, extra={"model": m.name})
                 except CheckpointAway:
                     pass  # the fill's path check says what is wrong, at once
-                except NotRestorable as e:
-                    log.warning("%s will not be kept in the fd store: %s", m.name, e, extra={"model": m.name})
             self._move(slot, "filling")
 
     def filled(self, held: HeldModel) -> None:
