@@ -8,6 +8,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from wcached.config import load_config
 from wcached.errors import ConfigError
 from wcached.loaders.base import BUILTIN_LOADERS, loader_names, model_from_builtins
@@ -125,3 +127,75 @@ def test_hub_ids_stay_ids_and_paths_resolve_beside_the_config(tmp_path: Path) ->
     assert hub.path == "meta-llama/Llama-3.2-1B"
     assert local.path == str(tmp_path / "models" / "here")
     assert st.path == str(tmp_path / "org" / "name")  # safetensors reads files only
+
+
+# -- a table's own rules, at their edges --------------------------------------
+
+
+def test_sizes_are_bytes_written_either_way_and_positive() -> None:
+    from wcached.loaders.base import parse_size
+
+    assert parse_size(1, "k") == 1
+    assert parse_size("1", "k") == parse_size("1B", "k") == 1
+    assert parse_size(" 4 GiB ", "k") == 4 << 30
+    assert parse_size("4GB", "k") == 4 * 10**9
+    assert parse_size("512MiB", "k") == 512 << 20
+    for bad, problem in [
+        (0, "must be a positive size, got 0"),
+        (-1, "must be a positive size, got -1"),
+        ("0GiB", "must be a positive size, got '0GiB'"),
+        ("4 gigs", "not a size: '4 gigs' (write e.g. 4GiB or 512MiB)"),
+        ("-1MiB", "not a size: '-1MiB' (write e.g. 4GiB or 512MiB)"),
+    ]:
+        with pytest.raises(ConfigError) as e:
+            parse_size(bad, "segment_size")
+        assert (e.value.key, e.value.problem) == ("segment_size", problem), bad
+
+
+def test_a_parsed_table_has_its_size_in_bytes_so_both_spellings_are_one_setting() -> None:
+    a = SafetensorsModel(name="m", path="/p", segment_size="4GiB").parsed()
+    b = SafetensorsModel(name="m", path="/p", segment_size="4096MiB").parsed()
+    assert a == b and a.segment_size == 4 << 30
+    already = SafetensorsModel(name="m", path="/p", segment_size=4 << 30)
+    assert already.parsed() == already and already.segment_bytes == 4 << 30
+
+
+def test_auto_readers_are_one_per_core_within_the_backends_most(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    auto = SafetensorsModel(name="m", path="/p")
+    for cores, most, readers in [(32, None, 16), (32, 8, 8), (4, None, 4), (1, None, 1), (None, None, 1)]:
+        monkeypatch.setattr(os, "cpu_count", lambda cores=cores: cores)
+        got = auto.reader_count() if most is None else auto.reader_count(most)
+        assert got == readers, (cores, most)
+    assert SafetensorsModel(name="m", path="/p", read_threads=3).reader_count(2) == 3  # as written
+
+
+def _problems(**kw) -> list[tuple[str, str]]:
+    return SafetensorsModel(**{"name": "m", "path": "/p", **kw}).problems()
+
+
+def test_each_setting_is_checked_at_its_edge_naming_its_key() -> None:
+    assert _problems() == []
+    for ok in ["Llama-3.1/8B:inst_a", "x" * 128, "A"]:
+        assert _problems(name=ok) == [], ok
+    for bad in ["", "x" * 129, "a b", "m\n", "é"]:
+        assert _problems(name=bad) == [("name", f"invalid model name {bad!r}")], bad
+    for ok in [1, 2, 4, 256, 2 << 20]:
+        assert _problems(alignment=ok) == [], ok
+    for bad in [0, -4, 3, 6, 12, 4 << 20]:
+        assert _problems(alignment=bad) == [("alignment", f"must be a power of two <= 2MiB, got {bad}")], bad
+    assert _problems(segment_size="lots") == [
+        ("segment_size", "not a size: 'lots' (write e.g. 4GiB or 512MiB)")
+    ]
+    assert _problems(segment_size=0) == [("segment_size", "must be a positive size, got 0")]
+    assert _problems(read_threads=1) == []
+    assert _problems(read_threads=0) == [("read_threads", "must be >= 1")]
+    assert _problems(fill_timeout_s=0.5) == []
+    assert _problems(fill_timeout_s=0.0) == [("fill_timeout_s", "must be > 0")]
+    assert _problems(fill_timeout_s=-1.0) == [("fill_timeout_s", "must be > 0")]
+
+
+def test_a_table_without_its_loader_tag_is_the_default_loaders() -> None:
+    m = model_from_builtins({"name": "m", "path": "/p", "segment_size": "1GiB"})
+    assert type(m) is SafetensorsModel and m.segment_size == 1 << 30

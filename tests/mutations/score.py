@@ -410,6 +410,11 @@ def main() -> int:
     )
     p.add_argument("--tests", nargs="+", default=list(TEST_PATHS), help="where a mutant's tests come from")
     args = p.parse_args()
+    # --tests takes every path after it: a module written there would leave
+    # the positional list empty, and so score every module for an hour.
+    stray = [t for t in args.tests if t.startswith("wcached/")]
+    if stray:
+        p.error(f"--tests {' '.join(stray)}: modules, not tests (name the modules before --tests)")
     os.chdir(REPO)  # mutmut reads its [tool.mutmut] from ./pyproject.toml
     report = load_report()
     if report["modules"] and report.get("python") != PYTHON:
