@@ -252,9 +252,10 @@ def test_a_state_change_gives_up_on_a_queue_that_stays_full_and_says_so(
     notifier = Notifier({"NOTIFY_SOCKET": listener.path})
     senders = _fill_queue(listener.path)
     try:
-        started = time.monotonic()
+        started, cpu = time.monotonic(), time.process_time()
         assert notifier.notify("FDSTOREREMOVE=1", "FDNAME=x", wait=True) is False
         assert time.monotonic() - started >= 1.2
+        assert time.process_time() - cpu < 0.2  # waited for room, not spun
         assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == [
             "sd_notify ('FDSTOREREMOVE=1', 'FDNAME=x') not sent: "
             "the notify socket's queue stayed full for 1 s"
@@ -289,13 +290,16 @@ def test_a_notify_socket_that_appears_late_is_addressed_per_message(work: Path, 
     ]
     s = _receiver(path)
     try:
+        assert notifier.notify("STATUS=late") is True
         notifier.ready("serving m")
-        assert _received(s) == ["READY=1\nSTATUS=serving m"]
+        assert _received(s) == ["STATUS=late", "READY=1\nSTATUS=serving m"]
         # Unconnected, a full queue is waited for by time, and given up on.
         monkeypatch.setattr("wcached.daemon.systemd.STATE_SEND_TIMEOUT_S", 0.5)
         senders = _fill_queue(path)
         try:
+            cpu = time.process_time()
             assert notifier.notify("FDSTORE=1", "FDNAME=x", wait=True) is False
+            assert time.process_time() - cpu < 0.1  # waited, not spun
             assert notifier.notify("STATUS=x") is False
         finally:
             for x in senders:
@@ -380,3 +384,45 @@ def test_the_notify_socket_is_read_from_the_process_environment_by_default(work:
         assert _received(s) == ["STATUS=serving"]
     finally:
         s.close()
+
+
+def test_a_notify_socket_never_there_fails_naming_the_messages_and_why(work: Path, caplog) -> None:
+    notifier = Notifier({"NOTIFY_SOCKET": str(work / "none")})
+    caplog.clear()
+    assert notifier.notify("STATUS=x") is False
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        "sd_notify ('STATUS=x',) failed: [Errno 2] No such file or directory"
+    ]
+
+
+def test_a_status_line_is_sent_once_and_a_fresh_notifier_has_none_held_back(work: Path) -> None:
+    listener = NotifyListener(work)
+    try:
+        notifier = Notifier({"NOTIFY_SOCKET": listener.path})
+        notifier.flush()
+        notifier.status("serving m")
+        notifier.flush()
+        notifier.flush()
+        listener.drain()
+        assert listener.messages == ["STATUS=serving m"]
+    finally:
+        listener.close()
+
+
+def test_a_ping_is_due_exactly_half_the_interval_after_the_last(work: Path, monkeypatch) -> None:
+    from types import SimpleNamespace
+
+    import wcached.daemon.systemd as systemd
+
+    now = [1000.0]
+    monkeypatch.setattr(systemd, "time", SimpleNamespace(monotonic=lambda: now[0], sleep=time.sleep))
+    listener = NotifyListener(work)
+    try:
+        notifier = Notifier({"NOTIFY_SOCKET": listener.path, "WATCHDOG_USEC": "4000000"})
+        notifier.ping_watchdog()
+        now[0] = 1001.5
+        assert not notifier.watchdog_due()
+        now[0] = 1002.0
+        assert notifier.watchdog_due()
+    finally:
+        listener.close()
