@@ -46,7 +46,12 @@ FLOORS: dict[str, tuple[float, int]] = {
     # test_holdings: 353 caught, 17 survived, 25 that no test runs (24 of
     # them begin_fill's, run only by daemons in subprocesses); held by the
     # ceiling until triaged.
-    "wcached/daemon/holdings.py": (95.4, 42),
+    # Session 19: rescored (--changed --survivors, test_holdings) after its
+    # provenance, device and status tests and begin_fill's one except:
+    # 377 caught, 6 survived; all 6 triaged (1 caught by a test the score's
+    # 12 did not include, run with the mutant applied; 4 equivalent, 1
+    # accepted), none held.
+    "wcached/daemon/holdings.py": (98.4, 0),
     # Scored whole in session 18 (218 mutants, --max-tests 12, hangs cut at
     # 90 s), before the session's notify-channel tests of test_systemd were
     # in the coverage run: 122 caught, 11 by timeout, 46 survived, 39 that
@@ -1672,4 +1677,35 @@ TRIAGE: dict[tuple[str, str, str], str] = {
         "_budget_fix",
         "-    per_segment = -(-total_bytes // room)\n+    per_segment = -(-total_bytes / room)",
     ): "equivalent: the smallest power of two not below a/b is the smallest not below ceil(a/b), powers of two being integers (sizes far below 2**53)",
+    # Session 19, after the rescore: the 6 left.
+    (
+        "wcached/daemon/holdings.py",
+        "Holdings.__init__",
+        "-        self.python = python\n+        self.python = None",
+    ): "caught: tests/daemon/test_holdings.py::test_the_environment_is_the_workers_interpreters_at_fill_and_at_restore",
+    (
+        "wcached/daemon/holdings.py",
+        "Holdings._restore_one",
+        "-            (time.monotonic() - started) * 1000,\n+            (time.monotonic() - started) * 1001,",
+    ): "accepted: the restore's milliseconds in its journal line scaled by 1.001, which no clock in a test can tell from noise (the 250 ms test rounds it away)",
+    (
+        "wcached/daemon/holdings.py",
+        "Holdings._held_from",
+        "-        for fd, seg in zip(fds, manifest.segments, strict=True):\n+        for fd, seg in zip(fds, manifest.segments, strict=None):",
+    ): "equivalent: fds is built from range(len(manifest.segments)) just above, so the zip's lengths are always equal",
+    (
+        "wcached/daemon/holdings.py",
+        "Holdings._held_from",
+        "-        for fd, seg in zip(fds, manifest.segments, strict=True):\n+        for fd, seg in zip(fds, manifest.segments, ):",
+    ): "equivalent: fds is built from range(len(manifest.segments)) just above, so the zip's lengths are always equal",
+    (
+        "wcached/daemon/holdings.py",
+        "Holdings._held_from",
+        "-        for fd, seg in zip(fds, manifest.segments, strict=True):\n+        for fd, seg in zip(fds, manifest.segments, strict=False):",
+    ): "equivalent: fds is built from range(len(manifest.segments)) just above, so the zip's lengths are always equal",
+    (
+        "wcached/daemon/holdings.py",
+        "Holdings._held_from",
+        "-        entry.segment_fds = {}\n+        entry.segment_fds = None",
+    ): "equivalent: the entry is dropped once its fds are handed over (restore pops it), nothing reads segment_fds again",
 }
