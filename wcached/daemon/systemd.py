@@ -122,11 +122,10 @@ class Notifier:
             # Unconnected, the socket always looks writable: poll by time.
             time.sleep(min(timeout, 0.05))
             return
-        # poll(), not select(): no FD_SETSIZE limit on the socket's fd
-        # number (the daemon holds a fd per segment).
-        waiter = select.poll()
-        waiter.register(self._sock, select.POLLOUT)
-        waiter.poll(timeout * 1000)
+        try:
+            select.select([], [self._sock], [], timeout)
+        except (OSError, ValueError):
+            time.sleep(timeout)
 
     def ready(self, status: str) -> None:
         self._pending_status = None
