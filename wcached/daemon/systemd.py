@@ -122,10 +122,11 @@ class Notifier:
             # Unconnected, the socket always looks writable: poll by time.
             time.sleep(min(timeout, 0.05))
             return
-        try:
-            select.select([], [self._sock], [], timeout)
-        except (OSError, ValueError):
-            time.sleep(timeout)
+        # poll(), not select(): no FD_SETSIZE limit on the socket's fd
+        # number (the daemon holds a fd per segment).
+        waiter = select.poll()
+        waiter.register(self._sock, select.POLLOUT)
+        waiter.poll(timeout * 1000)
 
     def ready(self, status: str) -> None:
         self._pending_status = None

@@ -72,18 +72,19 @@ _SIZE_UNITS = {
 }
 
 
-def parse_size(value: int | str, key: str, path: str | None = None) -> int:
-    """``4294967296`` or ``"4GiB"`` -> bytes."""
+def parse_size(value: int | str, key: str) -> int:
+    """``4294967296`` or ``"4GiB"`` -> bytes; ConfigError naming ``key`` (the
+    config file adds itself: see ModelConfig.problems)."""
     if isinstance(value, int):
         if value <= 0:
-            raise ConfigError(path, key, f"must be a positive size, got {value}")
+            raise ConfigError(None, key, f"must be a positive size, got {value}")
         return value
     m = _SIZE_RE.match(value)
     if not m:
-        raise ConfigError(path, key, f"not a size: {value!r} (write e.g. 4GiB or 512MiB)")
+        raise ConfigError(None, key, f"not a size: {value!r} (write e.g. 4GiB or 512MiB)")
     size = int(m.group(1)) * _SIZE_UNITS[m.group(2)]
     if size <= 0:
-        raise ConfigError(path, key, f"must be a positive size, got {value!r}")
+        raise ConfigError(None, key, f"must be a positive size, got {value!r}")
     return size
 
 
