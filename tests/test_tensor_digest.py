@@ -91,3 +91,25 @@ def test_device_digest_on_a_gpu_equals_the_cpus() -> None:
     assert digest(on_gpu, DEVICE) == digest(data, DEVICE)
     assert digest(on_gpu[1:], DEVICE) == digest(data[1:], DEVICE)
     assert digest(on_gpu, HOST) == digest(data, HOST)
+
+
+@pytest.mark.parametrize("algorithm", [DEVICE, HOST])
+@pytest.mark.parametrize("cuts", [[], [1], [7, 8, 9], [3, 4096], [4098]])
+def test_a_stream_of_pieces_gives_the_whole_tensors_digest(
+    algorithm: str, cuts: list[int], monkeypatch
+) -> None:
+    # verify reads a checkpoint's tensor in pieces of any size; words cross them.
+    monkeypatch.setattr(tensor_digest, "CHUNK", 24)  # pieces longer than a chunk too
+    data = _bytes(4099, seed=5)
+    raw = bytes(data.tolist())
+    h = tensor_digest.stream(algorithm)
+    for start, end in zip([0, *cuts], [*cuts, len(raw)], strict=True):
+        h.update(memoryview(raw)[start:end])
+    assert h.hexdigest() == digest(data, algorithm)
+    assert h.hexdigest() == digest(data, algorithm)  # asking twice changes nothing
+
+
+def test_a_stream_of_nothing_and_an_unknown_algorithm() -> None:
+    assert tensor_digest.stream(DEVICE).hexdigest() == digest(_bytes(0), DEVICE)
+    with pytest.raises(ValueError, match="unknown digest algorithm 'md5'"):
+        tensor_digest.stream("md5")

@@ -23,7 +23,7 @@ bytes a fill copied.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
@@ -77,7 +77,45 @@ def span_of(t: torch.Tensor, nbytes: int | None = None) -> torch.Tensor:
 
 
 def device_digest(span: torch.Tensor) -> str:
-    """:data:`DEVICE` of a 1-D uint8 tensor, computed where it lives."""
+    """:data:`DEVICE` of a 1-D uint8 tensor, computed where it lives: on a
+    GPU by one kernel (:mod:`wcached.memory.cuda_digest`) where it can be
+    built, else by torch's integer kernels (:func:`torch_digest`)."""
+    if span.device.type == "cuda" and span.numel():
+        got = _kernel_digest(span)
+        if got is not None:
+            return got
+    return torch_digest(span)
+
+
+_kernel_refused: list[str] = []
+
+
+def _kernel_digest(span: torch.Tensor) -> str | None:
+    """The CUDA kernel's digest of ``span``, or None (said once) where the
+    kernel cannot be built (no NVRTC): torch's reference does it then."""
+    import torch
+
+    from wcached.errors import DeviceError
+
+    if _kernel_refused:
+        return None
+    try:
+        from wcached.memory import cuda_digest
+
+        with torch.cuda.device(span.device):
+            stream = torch.cuda.current_stream().cuda_stream
+            return cuda_digest.digest_spans([(span.data_ptr(), span.numel())], stream)[0]
+    except (DeviceError, ImportError) as e:
+        import logging
+
+        _kernel_refused.append(str(e))
+        logging.getLogger("wcached.digest").warning("GPU digests use torch's kernels (slower): %s", e)
+        return None
+
+
+def torch_digest(span: torch.Tensor) -> str:
+    """:data:`DEVICE` of a 1-D uint8 tensor with torch's integer kernels, on
+    whatever device it lives: the algorithm's reference."""
     import torch
 
     n = span.numel()
@@ -89,12 +127,71 @@ def device_digest(span: torch.Tensor) -> str:
             padded = torch.zeros(-(-piece.numel() // 8) * 8, dtype=torch.uint8, device=span.device)
             padded[: piece.numel()] = piece
             piece = padded
-        words = piece.view(torch.int64)
-        index = torch.arange(start // 8, start // 8 + words.numel(), dtype=torch.int64, device=span.device)
-        sums[0] += _mix(words + _mix(index ^ _signed(_SEED1))).sum()
-        sums[1] += _mix(words ^ _mix(index ^ _signed(_SEED2))).sum()
+        sums += _word_sums(piece.view(torch.int64), start // 8)
+    return _hex(sums)
+
+
+def _word_sums(words: torch.Tensor, first: int) -> torch.Tensor:
+    """The two sums' terms of int64 ``words`` whose first is word ``first``."""
+    import torch
+
+    index = torch.arange(first, first + words.numel(), dtype=torch.int64, device=words.device)
+    return torch.stack(
+        [_mix(words + _mix(index ^ _signed(_SEED1))).sum(), _mix(words ^ _mix(index ^ _signed(_SEED2))).sum()]
+    )
+
+
+def _hex(sums: torch.Tensor) -> str:
     a, b = (int(x) & _MASK for x in sums.tolist())
     return f"{a:016x}{b:016x}"
+
+
+class _DeviceStream:
+    """:data:`DEVICE` of bytes given piece by piece, hashed with torch on
+    ``device`` (each piece copied there)."""
+
+    def __init__(self, device: str) -> None:
+        import torch
+
+        self.device = device
+        self.sums = torch.zeros(2, dtype=torch.int64, device=device)
+        self.words = 0  # whole words hashed so far
+        self.tail = b""  # bytes after them, fewer than 8
+
+    def update(self, data: Any, /) -> None:
+        import torch
+
+        buf = self.tail + bytes(data)
+        whole = len(buf) // 8 * 8
+        self.tail = buf[whole:]
+        for start in range(0, whole, CHUNK):
+            piece = bytearray(buf[start : min(whole, start + CHUNK)])
+            words = torch.frombuffer(piece, dtype=torch.int64).to(self.device)
+            self.sums += _word_sums(words, self.words)
+            self.words += words.numel()
+
+    def hexdigest(self) -> str:
+        import torch
+
+        n = self.words * 8 + len(self.tail)
+        sums = self.sums + _signed(n)
+        if self.tail:
+            last = bytearray(self.tail + b"\0" * (8 - len(self.tail)))
+            sums += _word_sums(torch.frombuffer(last, dtype=torch.int64).to(self.device), self.words)
+        return _hex(sums)
+
+
+def stream(algorithm: str, device: str = "cpu") -> Any:
+    """A hasher (``update(bytes)``, ``hexdigest()``) of ``algorithm`` for
+    bytes read piece by piece (``wcached verify`` reading a checkpoint):
+    xxh3 on the host, or wmix128 with torch on ``device``."""
+    if algorithm == HOST:
+        import xxhash
+
+        return xxhash.xxh3_128()
+    if algorithm == DEVICE:
+        return _DeviceStream(device)
+    raise ValueError(f"unknown digest algorithm {algorithm!r} (known: {', '.join(ALGORITHMS)})")
 
 
 def host_digest(span: torch.Tensor) -> str:

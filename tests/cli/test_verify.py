@@ -244,3 +244,36 @@ def test_verify_on_a_host_without_torch_checks_what_it_checks_with_torch(work: P
         r = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
         assert r.returncode == 1, r.stdout + r.stderr
         assert f"{victim.name}: {Path(victim.file).name} on disk differs from what is served" in r.stdout
+
+
+def test_a_fill_digested_on_its_device_is_compared_with_the_disk_the_same_way(ckpt: Path) -> None:
+    """A CUDA fill records wmix128 of its own memory (its kernel): verify
+    hashes the checkpoint's bytes with that algorithm (not xxh3), so an
+    unchanged checkpoint compares equal and a rewritten tensor is named."""
+    import msgspec
+
+    from tests.loaders.test_safetensors import _views
+    from wcached import tensor_digest
+    from wcached.cli.verify import verify_model
+    from wcached.loaders.safetensors import SafetensorsLoader, SafetensorsModel
+    from wcached.memory.host import HostBackend
+
+    model = SafetensorsModel(name="m", path=str(ckpt))
+    filled = SafetensorsLoader().fill(model, HostBackend(), "cpu0", lambda *a: None)
+    views = _views(filled)
+    tensors = [
+        msgspec.structs.replace(t, digest=tensor_digest.torch_digest(tensor_digest.span_of(views[t.name])))
+        for t in filled.manifest.tensors
+    ]
+    manifest = msgspec.structs.replace(
+        filled.manifest, tensors=tensors, attrs={"digest": tensor_digest.DEVICE}
+    )
+    att = type("Att", (), {"manifest": manifest, "tensors": views})()
+    rep = verify_model(att, model)
+    assert not rep.problems and rep.checked_disk == rep.checked_memory == len(tensors) > 10, rep
+    victim = _rewrite_one_tensor(ckpt)
+    rep = verify_model(att, model)
+    assert rep.problems == [
+        f"{victim.name}: {Path(victim.file).name} on disk differs from what is served "
+        "(the checkpoint changed since the fill)"
+    ], rep.problems

@@ -293,3 +293,54 @@ def test_a_fill_reports_its_header_phase_and_the_engines_fingerprint_matches_the
     assert filled.phases[READ] > 0
     assert filled.read_bytes == sum(t.nbytes for t in Checkpoint(ckpt).headers().tensors) > 0
     assert checkpoint_fingerprint(str(ckpt)) == filled.manifest.key.fingerprint
+
+
+def test_a_backend_that_digests_its_own_memory_does_so_after_the_copy_and_not_on_it(tmp_path: Path) -> None:
+    """The CUDA backend's way (its kernel over the filled segments), with the
+    host backend's memory: nothing is hashed while copying, each tensor's
+    digest is the backend's of its placed bytes, the manifest names that
+    algorithm, and the fill times the digest apart from its reading."""
+    from wcached import tensor_digest
+    from wcached.loaders.layout import READ
+
+    hashed_on_copy: list[object] = []
+
+    class DigestsAfter(HostBackend):
+        def after_fill_digest(self):
+            return tensor_digest.DEVICE
+
+        def allocate(self, nbytes, label):
+            writer = super().allocate(nbytes, label)
+            inner_run, inner_one = writer.write_run, writer.write_from_file
+
+            def write_run(src_fd, file_offset, pieces, hashers):
+                hashed_on_copy.extend(h for h in hashers if h is not None)
+                return inner_run(src_fd, file_offset, pieces, hashers)
+
+            def write_from_file(src_fd, file_offset, offset, nbytes, hasher):
+                hashed_on_copy.extend([hasher] if hasher is not None else [])
+                return inner_one(src_fd, file_offset, offset, nbytes, hasher)
+
+            def digest_spans(spans):
+                seg = torch.frombuffer(bytearray(writer._map), dtype=torch.uint8)
+                return [tensor_digest.torch_digest(seg[o : o + n]) for o, n in spans]
+
+            writer.write_run, writer.write_from_file, writer.digest_spans = (
+                write_run,
+                write_from_file,
+                digest_spans,
+            )
+            return writer
+
+    tensors = {f"t{i}": torch.full((50 + i,), float(i)) for i in range(40)}
+    ckpt = write_sharded(tmp_path / "c", tensors, shards=2)
+    model = SafetensorsModel(name="m", path=str(ckpt), alignment=64, segment_size=4096)
+    filled = SafetensorsLoader().fill(model, DigestsAfter(), "cpu0", lambda *a: None)
+    assert not hashed_on_copy
+    assert len(filled.manifest.segments) > 1  # a call per segment, each placed right
+    assert filled.manifest.attrs == {"digest": tensor_digest.DEVICE}
+    views = _views(filled)
+    for t in filled.manifest.tensors:
+        assert t.digest == tensor_digest.digest(views[t.name], tensor_digest.DEVICE), t.name
+    assert len({t.digest for t in filled.manifest.tensors}) == len(tensors)
+    assert filled.phases[READ] > 0 and filled.phases["digest"] >= 0

@@ -60,7 +60,14 @@ def verify_model(att: Any, model: ModelConfig | None) -> Report:
     if manifest.key.loader != "safetensors":
         _compare_fingerprint(manifest, model, rep)
         return rep
-    _compare_disk(manifest, model, rep)
+    # The checkpoint's bytes are hashed as the fill hashed its own: wmix128
+    # where the served bytes live (a GPU), xxh3 on the host.
+    device = (
+        "cpu"
+        if isinstance(att, HostBytes) or not att.tensors
+        else str(next(iter(att.tensors.values())).device)
+    )
+    _compare_disk(manifest, model, rep, algorithm, device)
     return rep
 
 
@@ -91,9 +98,7 @@ def _compare_fingerprint(manifest: Any, model: ModelConfig, rep: Report) -> None
         )
 
 
-def _compare_disk(manifest: Any, model: ModelConfig, rep: Report) -> None:
-    import xxhash
-
+def _compare_disk(manifest: Any, model: ModelConfig, rep: Report, algorithm: str, device: str) -> None:
     from wcached.dtypes import BY_TORCH_NAME
     from wcached.errors import CheckpointCorrupt, FillError
     from wcached.loaders.checkpoint import Checkpoint, OpenFiles, cast_pieces, read_pieces
@@ -115,10 +120,11 @@ def _compare_disk(manifest: Any, model: ModelConfig, rep: Report) -> None:
             if not info.digest:
                 continue
             out = BY_TORCH_NAME[info.dtype]
-            h = xxhash.xxh3_128()  # tensor_digest.HOST, streamed
-            if out is not t.dtype and not _has_torch():
-                rep.notes.append(f"{t.name}: cast at fill, not compared with the disk (needs torch)")
+            if (out is not t.dtype or algorithm != tensor_digest.HOST) and not _has_torch():
+                why = "cast at fill" if out is not t.dtype else f"its digest is {algorithm}"
+                rep.notes.append(f"{t.name}: {why}, not compared with the disk (needs torch)")
                 continue
+            h = tensor_digest.stream(algorithm, device)
             try:
                 fd = files.fd(t.file)
                 # Read (and cast) as the fill did, a piece at a time.

@@ -86,13 +86,33 @@ class SafetensorsLoader:
                 )
 
         out_dtypes, placements, seg_sizes = self._layout(model, ckpt)
+        algorithm = ""
+        if model.digest or model.fingerprint == "content":
+            algorithm = backend.after_fill_digest() or tensor_digest.HOST
+
+        def copy(writers: list) -> list[str]:
+            digests = self._copy_all(
+                model,
+                ckpt,
+                out_dtypes,
+                placements,
+                writers,
+                progress,
+                backend,
+                algorithm == tensor_digest.HOST,
+            )
+            if algorithm and algorithm != tensor_digest.HOST:
+                clock.lap(READ)
+                digests = _digests_after_fill(placements, writers)
+            return digests
+
         digests, writers, fds = fill_segments(
             backend,
             model.name,
             seg_sizes,
             clock,
-            lambda writers: self._copy_all(model, ckpt, out_dtypes, placements, writers, progress, backend),
-            phase=READ,
+            copy,
+            phase=READ if algorithm in ("", tensor_digest.HOST) else "digest",
         )
 
         fingerprint = header_fingerprint(ckpt)
@@ -127,7 +147,7 @@ class SafetensorsLoader:
             tensors=infos,
             total_bytes=sum(p.nbytes for p in placements),
             filled_at=time.time(),
-            attrs={"digest": tensor_digest.HOST} if model.digest or model.fingerprint == "content" else {},
+            attrs={"digest": algorithm} if algorithm else {},
         )
         return FilledModel(
             manifest, fds, clock.total(), clock.phases, read_bytes=sum(t.nbytes for t in ckpt.tensors)
@@ -149,8 +169,10 @@ class SafetensorsLoader:
         checkpoint's headers alone (``check-config``'s fd-store budget)."""
         return len(self._layout(model, Checkpoint(model.path).headers())[2])
 
-    def _copy_all(self, model, ckpt, out_dtypes, placements, writers, progress, backend) -> list[str]:
-        want_digest = model.digest or model.fingerprint == "content"
+    def _copy_all(
+        self, model, ckpt, out_dtypes, placements, writers, progress, backend, want_digest
+    ) -> list[str]:
+        """Copy every tensor; their xxh3 digests if ``want_digest`` (else "")."""
         tensors: list[StoredTensor] = ckpt.tensors
         digests = [""] * len(tensors)
         done = 0
@@ -200,6 +222,20 @@ class SafetensorsLoader:
             for _ in pool.map(stream, streams):
                 pass
         return digests
+
+
+def _digests_after_fill(placements: list, writers: list) -> list[str]:
+    """Each placed tensor's digest as its segment's backend computes it over
+    the filled memory: one call per segment."""
+    by_segment: dict[int, list[int]] = {}
+    for i, p in enumerate(placements):
+        by_segment.setdefault(p.segment, []).append(i)
+    digests = [""] * len(placements)
+    for seg, members in by_segment.items():
+        spans = [(placements[i].offset, placements[i].nbytes) for i in members]
+        for i, d in zip(members, writers[seg].digest_spans(spans), strict=True):
+            digests[i] = d
+    return digests
 
 
 def _split_streams(runs: list[list[int]], sizes: list[int], count: int) -> list[list[list[int]]]:

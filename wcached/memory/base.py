@@ -103,6 +103,12 @@ class SegmentWriter(abc.ABC):
         backend is a device) to ``offset``; used by loaders that build tensors
         themselves (vLLM)."""
 
+    def digest_spans(self, spans: Sequence[tuple[int, int]]) -> list[str]:
+        """The backend's :meth:`MemoryBackend.after_fill_digest` of each
+        ``(offset, nbytes)`` of this segment, once every write has landed
+        (only where the backend names one)."""
+        raise NotImplementedError(f"{type(self).__name__} hashes while copying")
+
     @abc.abstractmethod
     def finish(self) -> int:
         """Seal or export the segment; returns the fd that now owns it."""
@@ -138,6 +144,13 @@ class MemoryBackend(abc.ABC):
 
     def prepare_fill(self) -> None:  # noqa: B027 - an optional hook
         """One-time setup before filling (a CUDA context); nothing by default."""
+
+    def after_fill_digest(self) -> str | None:
+        """The digest algorithm (:mod:`wcached.tensor_digest`) this backend
+        computes over its own filled memory, off the copy path
+        (:meth:`SegmentWriter.digest_spans`); None: loaders hash the bytes
+        on the host as they copy them (``xxh3_128``)."""
+        return None
 
     def round_up(self, nbytes: int) -> int:
         g = self.granularity

@@ -325,6 +325,12 @@ class CudaSegmentWriter(SegmentWriter):
             raise ValueError("digests of device-resident sources are not computed")
         check(self.backend.cu.cuMemcpy(self.va + offset, src, nbytes), "cuMemcpy")
 
+    def digest_spans(self, spans: Sequence[tuple[int, int]]) -> list[str]:
+        from wcached.memory import cuda_digest
+
+        self.backend.synchronize()  # the staging streams' copies have landed
+        return cuda_digest.digest_spans([(self.va + offset, n) for offset, n in spans])
+
     def finish(self) -> int:
         self.backend.synchronize()
         fd = export_allocation(self.backend.cu, self.handle)
@@ -373,6 +379,20 @@ class CudaBackend(MemoryBackend):
     def prepare_fill(self) -> None:
         """Create the CUDA context (worker side) before any fill is timed."""
         self._context()
+
+    def after_fill_digest(self) -> str | None:
+        """wmix128 by one kernel over the filled segments (milliseconds for
+        a model), where NVRTC can build it; else the host's xxh3 as the
+        bytes are staged (a third of a warm fill's time on the H200)."""
+        from wcached import tensor_digest
+        from wcached.memory import cuda_digest
+
+        self._context()
+        why = cuda_digest.available()
+        if why is not None:
+            log.warning("digests hashed on the host while copying (slower): %s", why)
+            return None
+        return tensor_digest.DEVICE
 
     # -- loader-worker side -----------------------------------------------
 

@@ -1,0 +1,198 @@
+"""wmix128 (:data:`wcached.tensor_digest.DEVICE`) of device memory in one
+CUDA kernel, compiled at run time with NVRTC through cuda-bindings.
+
+The algorithm is defined, with a torch reference, in
+:mod:`wcached.tensor_digest`; this is its fast path for GPU memory. torch's
+integer kernels need some twenty passes over a copy of every word (31 GB/s
+on an H200, bench/results/digest-gpu-20261201); this kernel reads each word
+once and keeps the rest in registers, so digesting a model costs
+milliseconds and can follow a fill's copy without slowing it. No torch: the
+safetensors loader's worker calls it on segments it filled through the
+driver API.
+
+A batch of spans is cut into pieces of at most :data:`PIECE` bytes; a block
+hashes one piece and adds its two sums to its span's with 64-bit atomics
+(sums mod 2**64 are the same in any order).
+"""
+
+from __future__ import annotations
+
+import array
+import ctypes
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from wcached.errors import DeviceError
+from wcached.memory.cuda import check, driver
+
+# Bytes a block hashes (a multiple of 8, so every piece starts on a word).
+PIECE = 1 << 20
+THREADS = 256
+
+_SOURCE = r"""
+typedef unsigned long long u64;
+
+__device__ __forceinline__ u64 mix(u64 z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+// piece p: addr[p] (its first byte), word0[p] (its first word's index in its
+// span), nbytes[p], span[p] (which pair of sums it adds to).
+extern "C" __global__ void wmix128_pieces(
+    const u64* __restrict__ addr, const u64* __restrict__ word0,
+    const u64* __restrict__ nbytes, const u64* __restrict__ span, u64* sums)
+{
+    const unsigned p = blockIdx.x;
+    const unsigned char* base = (const unsigned char*)addr[p];
+    const u64 n = nbytes[p];
+    const u64 words = (n + 7) / 8;
+    const bool aligned = (((u64)base) & 7) == 0;
+    u64 a = 0, b = 0;
+    for (u64 k = threadIdx.x; k < words; k += blockDim.x) {
+        u64 w = 0;
+        if (aligned && k * 8 + 8 <= n) {
+            w = ((const u64*)base)[k];
+        } else {  // an unaligned start or the zero-padded last word
+            for (int j = 0; j < 8; ++j) {
+                const u64 at = k * 8 + j;
+                if (at < n) w |= ((u64)base[at]) << (8 * j);
+            }
+        }
+        const u64 i = word0[p] + k;
+        a += mix(w + mix(i ^ 0x9E3779B97F4A7C15ULL));
+        b += mix(w ^ mix(i ^ 0xD1B54A32D192ED03ULL));
+    }
+    for (int off = 16; off > 0; off >>= 1) {
+        a += __shfl_down_sync(0xffffffffu, a, off);
+        b += __shfl_down_sync(0xffffffffu, b, off);
+    }
+    if ((threadIdx.x & 31) == 0) {
+        atomicAdd(&sums[2 * span[p]], a);
+        atomicAdd(&sums[2 * span[p] + 1], b);
+    }
+}
+"""
+
+_lock = threading.Lock()
+# Loaded kernels by context handle: a module belongs to the context it was
+# loaded in.
+_kernels: dict[int, Any] = {}
+_unusable: str | None = None
+
+
+def _compile(cu: Any) -> bytes:
+    """The kernel for the current context's device, as CUBIN."""
+    try:
+        from cuda.bindings import nvrtc
+    except ImportError as e:  # pragma: no cover - cuda-bindings without nvrtc
+        raise DeviceError(f"NVRTC unavailable: {e}") from None
+    dev = check(cu.cuCtxGetDevice(), "cuCtxGetDevice")
+    attrs = cu.CUdevice_attribute
+    major = check(cu.cuDeviceGetAttribute(attrs.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev), "cc")
+    minor = check(cu.cuDeviceGetAttribute(attrs.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev), "cc")
+
+    def ok(result: tuple, what: str) -> Any:
+        err, *values = result
+        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            raise DeviceError(f"NVRTC {what} failed: {err}")
+        return values[0] if values else None
+
+    try:
+        prog = ok(nvrtc.nvrtcCreateProgram(_SOURCE.encode(), b"wmix128.cu", 0, [], []), "create")
+    except RuntimeError as e:  # cuda-bindings could not load libnvrtc
+        raise DeviceError(f"NVRTC unavailable: {e}") from None
+    try:
+        opts = [f"--gpu-architecture=sm_{major}{minor}".encode(), b"-std=c++17"]
+        err, *_ = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            size = ok(nvrtc.nvrtcGetProgramLogSize(prog), "log size")
+            buf = b" " * size
+            ok(nvrtc.nvrtcGetProgramLog(prog, buf), "log")
+            raise DeviceError(f"NVRTC could not compile the digest kernel: {buf.decode(errors='replace')}")
+        size = ok(nvrtc.nvrtcGetCUBINSize(prog), "CUBIN size")
+        cubin = b" " * size
+        ok(nvrtc.nvrtcGetCUBIN(prog, cubin), "CUBIN")
+        return cubin
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+
+
+def _kernel(cu: Any) -> Any:
+    """The kernel in the current context, compiled and loaded once."""
+    global _unusable
+    ctx = check(cu.cuCtxGetCurrent(), "cuCtxGetCurrent")
+    key = int(ctx)
+    if key == 0:
+        raise DeviceError("no current CUDA context to digest device memory in")
+    with _lock:
+        if _unusable is not None:
+            raise DeviceError(_unusable)
+        fn = _kernels.get(key)
+        if fn is None:
+            try:
+                module = check(cu.cuModuleLoadData(_compile(cu)), "cuModuleLoadData")
+                fn = check(cu.cuModuleGetFunction(module, b"wmix128_pieces"), "cuModuleGetFunction")
+            except DeviceError as e:
+                _unusable = str(e)  # the same next time: say it once, fall back
+                raise
+            _kernels[key] = fn
+        return fn
+
+
+def available() -> str | None:
+    """None if the kernel runs in the current context, else why not."""
+    try:
+        _kernel(driver())
+    except DeviceError as e:
+        return str(e)
+    return None
+
+
+def pieces_of(spans: Sequence[tuple[int, int]]) -> tuple[array.array, ...]:
+    """The kernel's piece table for ``spans`` of ``(address, nbytes)``:
+    addresses, first word indices, byte counts and span numbers."""
+    addr, word0, nbytes, span = (array.array("Q") for _ in range(4))
+    for i, (ptr, n) in enumerate(spans):
+        for start in range(0, n, PIECE):
+            addr.append(ptr + start)
+            word0.append(start // 8)
+            nbytes.append(min(PIECE, n - start))
+            span.append(i)
+    return addr, word0, nbytes, span
+
+
+def digest_spans(spans: Sequence[tuple[int, int]], stream: Any = 0) -> list[str]:
+    """wmix128 of each ``(device address, nbytes)`` span, in the current
+    context, after the work queued on ``stream`` (default: the legacy
+    stream, which waits for every blocking stream, torch's included).
+    DeviceError if the kernel cannot be built here."""
+    if not spans:
+        return []
+    cu = driver()
+    fn = _kernel(cu)
+    tables = pieces_of(spans)
+    sums = array.array("Q", (n & (2**64 - 1) for _, n in spans for _ in range(2)))
+    host = [(t.buffer_info()[0], t.itemsize * len(t)) for t in (*tables, sums)]
+    dev = int(check(cu.cuMemAlloc(sum(n for _, n in host)), "cuMemAlloc"))
+    try:
+        ptrs, at = [], dev
+        for src, n in host:
+            check(cu.cuMemcpyHtoDAsync(at, src, n, stream), "cuMemcpyHtoDAsync")
+            ptrs.append(at)
+            at += n
+        values = [ctypes.c_uint64(p) for p in ptrs]
+        params = (ctypes.c_void_p * len(values))(*(ctypes.addressof(v) for v in values))
+        check(
+            cu.cuLaunchKernel(
+                fn, len(tables[0]), 1, 1, THREADS, 1, 1, 0, stream, ctypes.addressof(params), 0
+            ),
+            "cuLaunchKernel",
+        )
+        check(cu.cuMemcpyDtoHAsync(host[-1][0], ptrs[-1], host[-1][1], stream), "cuMemcpyDtoHAsync")
+        check(cu.cuStreamSynchronize(stream), "cuStreamSynchronize")
+    finally:
+        cu.cuMemFree(dev)
+    return [f"{sums[2 * i]:016x}{sums[2 * i + 1]:016x}" for i in range(len(spans))]
