@@ -489,3 +489,65 @@ def test_an_instance_table_overrides_the_daemons_access_lists_and_the_rest_is_th
     assert (default.allowed_users, default.allowed_groups) == (("alice",), ("render",))
     for s in (own, default):
         assert (s.worker_python, s.log_level, s.source) == ("/opt/engine/bin/python3", "debug", str(path))
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('source = "x"', "key 'source': unknown key"),
+        ("model = 3", "key 'model': must be an array of tables ([[model]])"),
+        ("model = [3]", "key 'model[0]': must be a table"),
+        (
+            '[[model]]\nname = "a"\npath = "/x"\nloader = "nope"',
+            "key 'model[0].loader': unknown loader 'nope' (known: safetensors, vllm)",
+        ),
+        (
+            '[[model]]\nname = "a"\npath = "/x"\ntensor_parallel_size = 2',
+            "key 'model[0].tensor_parallel_size': unknown key for loader = \"safetensors\"; "
+            'it is a key of loader = "vllm"',
+        ),
+        (
+            '[[model]]\nname = "a"\npath = "/x"\nfingerprint = "bytes"',
+            "key 'model[0].fingerprint': Invalid enum value 'bytes'; expected one of 'header', 'content'",
+        ),
+        (
+            '[daemon]\nlog_level = "loud"',
+            "key 'daemon.log_level': Invalid enum value 'loud'; "
+            "expected one of 'debug', 'info', 'warning', 'error'",
+        ),
+        (
+            '[instance."cpu0"]\nmodels = ["a"]\n[instance."cpu1"]\nmodels = [1]',
+            "key 'instance.cpu1.models[0]': Expected `str`, got `int`",
+        ),
+        (
+            '[instance."bad!"]\nmodels = ["a"]',
+            "key 'instance.bad!': not an instance name: use cpuN, a GPU index such as 0, "
+            "or a GPU UUID such as GPU-8d3c...",
+        ),
+    ],
+)
+def test_each_mistake_is_told_whole_with_its_file_and_key(tmp_path: Path, text: str, message: str) -> None:
+    """What an operator reads in the journal: the file, the key as written
+    in TOML (the instance table by its name, a model by its index), what is
+    wrong, and the choices where there are some."""
+    path = _write(tmp_path, text)
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert str(e.value) == f"{path}: {message}"
+
+
+def test_a_bare_uuid_whose_index_is_not_known_takes_the_daemons_port_itself(tmp_path: Path) -> None:
+    # Only NVML knows a bare UUID's index; without it the offset is 0, not a guess.
+    cfg = load_config(_write(tmp_path, METRICS))
+    uuid = "GPU-8d3c5a5e-0b7c-4b1e-9d2f-0123456789ab"
+    assert instance_settings(cfg, uuid).metrics_port == 9400
+
+
+def test_two_instance_tables_naming_one_device_name_the_file_and_the_second(tmp_path: Path) -> None:
+    uuid = "GPU-8d3c5a5e-0b7c-4b1e-9d2f-0123456789ab"
+    path = _write(tmp_path, f'[instance."{uuid}"]\nmodels = []\n[instance."0"]\nmodels = []\n')
+    with pytest.raises(ConfigError) as e:
+        instance_settings(load_config(path), uuid, ("0",))
+    assert str(e.value) == (
+        f"{path}: key 'instance.0': instance tables '{uuid}' and '0' both name {uuid}: keep one"
+    )
