@@ -113,3 +113,9 @@ def test_a_stream_of_nothing_and_an_unknown_algorithm() -> None:
     assert tensor_digest.stream(DEVICE).hexdigest() == digest(_bytes(0), DEVICE)
     with pytest.raises(ValueError, match="unknown digest algorithm 'md5'"):
         tensor_digest.stream("md5")
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 1001])
+def test_the_formula_the_kernel_checks_itself_with_is_the_documented_one(n: int) -> None:
+    raw = bytes(_bytes(n, seed=n).tolist())
+    assert tensor_digest.formula_digest(raw) == _reference(raw) == digest(_bytes(n, seed=n), DEVICE)

@@ -61,6 +61,25 @@ def _mix(z: torch.Tensor) -> torch.Tensor:
     return z ^ _srl(z, 31)
 
 
+def formula_digest(data: bytes) -> str:
+    """:data:`DEVICE` of ``data`` in plain integers, word by word, as the
+    module's docstring states it: slow, for checking a fast implementation
+    on a few words (the CUDA kernel checks itself with it when loaded)."""
+
+    def mix(z: int) -> int:
+        z = ((z ^ (z >> 30)) * _M1) & _MASK
+        z = ((z ^ (z >> 27)) * _M2) & _MASK
+        return z ^ (z >> 31)
+
+    a = b = len(data)
+    padded = data + b"\0" * (-len(data) % 8)
+    for i in range(len(padded) // 8):
+        w = int.from_bytes(padded[8 * i : 8 * i + 8], "little")
+        a += mix((w + mix(i ^ _SEED1)) & _MASK)
+        b += mix(w ^ mix(i ^ _SEED2))
+    return f"{a & _MASK:016x}{b & _MASK:016x}"
+
+
 def span_of(t: torch.Tensor, nbytes: int | None = None) -> torch.Tensor:
     """The ``nbytes`` (default: its elements' bytes) from ``t``'s first byte
     as a 1-D uint8 tensor on its device: its storage span. A view made over

@@ -135,11 +135,34 @@ def _kernel(cu: Any) -> Any:
             try:
                 module = check(cu.cuModuleLoadData(_compile(cu)), "cuModuleLoadData")
                 fn = check(cu.cuModuleGetFunction(module, b"wmix128_pieces"), "cuModuleGetFunction")
+                _self_check(cu, fn)
             except DeviceError as e:
                 _unusable = str(e)  # the same next time: say it once, fall back
                 raise
             _kernels[key] = fn
         return fn
+
+
+# What the kernel is checked on when loaded: a piece boundary, an unaligned
+# start and a zero-padded last word (a wrong build then falls back, never
+# records wrong digests).
+_CHECK = bytes(range(256)) * 17 + b"wcached"
+
+
+def _self_check(cu: Any, fn: Any) -> None:
+    from wcached.tensor_digest import formula_digest
+
+    data = ctypes.create_string_buffer(_CHECK + b"\x5a", len(_CHECK) + 1)
+    dev = int(check(cu.cuMemAlloc(len(data)), "cuMemAlloc"))
+    try:
+        check(cu.cuMemcpyHtoD(dev, ctypes.addressof(data), len(data)), "cuMemcpyHtoD")
+        spans = [(dev, len(_CHECK)), (dev + 1, len(_CHECK)), (dev, 0)]
+        got = _launch(cu, fn, spans, 0, piece=1024)
+    finally:
+        cu.cuMemFree(dev)
+    want = [formula_digest(_CHECK), formula_digest(_CHECK[1:] + b"\x5a"), formula_digest(b"")]
+    if got != want:
+        raise DeviceError(f"the digest kernel built here gives wrong digests ({got[0]} for {want[0]})")
 
 
 def available() -> str | None:
@@ -151,15 +174,16 @@ def available() -> str | None:
     return None
 
 
-def pieces_of(spans: Sequence[tuple[int, int]]) -> tuple[array.array, ...]:
+def pieces_of(spans: Sequence[tuple[int, int]], piece: int = PIECE) -> tuple[array.array, ...]:
     """The kernel's piece table for ``spans`` of ``(address, nbytes)``:
-    addresses, first word indices, byte counts and span numbers."""
+    addresses, first word indices, byte counts and span numbers (``piece``
+    a multiple of 8)."""
     addr, word0, nbytes, span = (array.array("Q") for _ in range(4))
     for i, (ptr, n) in enumerate(spans):
-        for start in range(0, n, PIECE):
+        for start in range(0, n, piece):
             addr.append(ptr + start)
             word0.append(start // 8)
-            nbytes.append(min(PIECE, n - start))
+            nbytes.append(min(piece, n - start))
             span.append(i)
     return addr, word0, nbytes, span
 
@@ -172,8 +196,11 @@ def digest_spans(spans: Sequence[tuple[int, int]], stream: Any = 0) -> list[str]
     if not spans:
         return []
     cu = driver()
-    fn = _kernel(cu)
-    tables = pieces_of(spans)
+    return _launch(cu, _kernel(cu), spans, stream)
+
+
+def _launch(cu: Any, fn: Any, spans: Sequence[tuple[int, int]], stream: Any, piece: int = PIECE) -> list[str]:
+    tables = pieces_of(spans, piece)
     sums = array.array("Q", (n & (2**64 - 1) for _, n in spans for _ in range(2)))
     host = [(t.buffer_info()[0], t.itemsize * len(t)) for t in (*tables, sums)]
     dev = int(check(cu.cuMemAlloc(sum(n for _, n in host)), "cuMemAlloc"))
@@ -185,12 +212,11 @@ def digest_spans(spans: Sequence[tuple[int, int]], stream: Any = 0) -> list[str]
             at += n
         values = [ctypes.c_uint64(p) for p in ptrs]
         params = (ctypes.c_void_p * len(values))(*(ctypes.addressof(v) for v in values))
-        check(
-            cu.cuLaunchKernel(
-                fn, len(tables[0]), 1, 1, THREADS, 1, 1, 0, stream, ctypes.addressof(params), 0
-            ),
-            "cuLaunchKernel",
-        )
+        blocks = len(tables[0])
+        if not blocks:  # only empty spans: each one's sums are its size, 0
+            return [f"{0:032x}"] * len(spans)
+        launch = cu.cuLaunchKernel(fn, blocks, 1, 1, THREADS, 1, 1, 0, stream, ctypes.addressof(params), 0)
+        check(launch, "cuLaunchKernel")
         check(cu.cuMemcpyDtoHAsync(host[-1][0], ptrs[-1], host[-1][1], stream), "cuMemcpyDtoHAsync")
         check(cu.cuStreamSynchronize(stream), "cuStreamSynchronize")
     finally:
