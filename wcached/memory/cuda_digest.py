@@ -136,9 +136,10 @@ def _kernel(cu: Any) -> Any:
                 module = check(cu.cuModuleLoadData(_compile(cu)), "cuModuleLoadData")
                 fn = check(cu.cuModuleGetFunction(module, b"wmix128_pieces"), "cuModuleGetFunction")
                 _self_check(cu, fn)
-            except DeviceError as e:
-                _unusable = str(e)  # the same next time: say it once, fall back
-                raise
+            except Exception as e:  # a binding's TypeError too: never the fill's end
+                why = str(e) if isinstance(e, DeviceError) else f"the digest kernel cannot run here: {e!r}"
+                _unusable = why
+                raise DeviceError(_unusable) from None
             _kernels[key] = fn
         return fn
 
