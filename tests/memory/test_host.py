@@ -367,3 +367,16 @@ def test_a_segment_is_a_whole_number_of_pages_and_never_less_than_asked() -> Non
     page = mmap.PAGESIZE
     for nbytes, want in ((0, page), (1, page), (page, page), (page + 1, 2 * page), (3 * page, 3 * page)):
         assert backend.round_up(nbytes) == want, nbytes
+
+
+def test_host_memory_is_hashed_while_copying_not_after() -> None:
+    """The host backend names no after-fill digest, and asking its segment
+    for one is a programming error that names the writer."""
+    backend = HostBackend()
+    assert backend.after_fill_digest() is None
+    writer = backend.allocate(4096, "m.0")
+    try:
+        with pytest.raises(NotImplementedError, match=r"^HostSegmentWriter hashes while copying$"):
+            writer.digest_spans([(0, 8)])
+    finally:
+        writer.abort()

@@ -513,10 +513,10 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "the GPU digest ignores where a word is",
         "wcached/tensor_digest.py",
-        "        sums[0] += _mix(words + _mix(index ^ _signed(_SEED1))).sum()",
-        "        sums[0] += _mix(words).sum()",
+        "[_mix(words + _mix(index ^ _signed(_SEED1))).sum(),",
+        "[_mix(words).sum(),",
         ("tests/test_tensor_digest.py::test_device_digest_is_the_documented_formula",),
-        function="device_digest",
+        function="_word_sums",
     ),
     Mutation(
         "the daemon's own user is not allowed",
