@@ -640,3 +640,35 @@ def test_a_cast_reads_in_the_pieces_it_is_given(tmp_path: Path) -> None:
     finally:
         os.close(fd)
     assert sizes == [32] * 6 + [8]  # 64 stored bytes (16 floats) a piece, halved
+
+
+def test_files_dated_before_1970_are_fingerprinted(tmp_path: Path) -> None:
+    """A modification time before the epoch (a tar's or a copy tool's) is a
+    stamp like any other: both fingerprints take it, and tell it apart from
+    the same file dated after."""
+    ckpt = write_sharded(tmp_path / "c", {"w": torch.ones(4)}, shards=1)
+    shard = next(ckpt.glob("*.safetensors"))
+    other = tmp_path / "o" / "weights.bin"
+    other.parent.mkdir()
+    other.write_bytes(b"\7" * 64)
+    fingerprints = []
+    for mtime_ns in (-(10**9) - 1, 10**9 + 1):
+        os.utime(shard, ns=(mtime_ns, mtime_ns))
+        os.utime(other, ns=(mtime_ns, mtime_ns))
+        fingerprints.append((Checkpoint(ckpt).header_fingerprint(), Checkpoint(other.parent).fingerprint()))
+    assert fingerprints[0][0] != fingerprints[1][0]
+    assert fingerprints[0][1] != fingerprints[1][1]
+
+
+@pytest.mark.parametrize("extra", [1, "half", "all"])
+def test_a_file_between_one_and_two_samples_has_its_last_byte_seen(tmp_path: Path, extra) -> None:
+    """Where the head sample does not reach a file's end, its tail is read
+    too: a byte changed at the end, stamps kept, changes the fingerprint."""
+    from wcached.loaders.checkpoint import SAMPLE_BYTES
+
+    f = tmp_path / "weights.gguf"
+    size = SAMPLE_BYTES + {1: 1, "half": SAMPLE_BYTES // 2, "all": SAMPLE_BYTES}[extra]
+    f.write_bytes(b"\0" * size)
+    before = Checkpoint(f).fingerprint()
+    _same_stamps(f, lambda fh: (fh.seek(-1, os.SEEK_END), fh.write(b"\1")))
+    assert Checkpoint(f).fingerprint() != before

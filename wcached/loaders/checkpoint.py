@@ -216,13 +216,13 @@ class Checkpoint:
     def headers(self) -> Headers:
         """Parse and validate every header; no tensor data is read."""
         index = self._index()
-        # The index is read once: it names the shards and is checked against them.
-        weight_map = _load_weight_map(index) if index is not None else None
-        shards = (
-            _shards(index, weight_map)
-            if index is not None and weight_map is not None
-            else self.weight_files()
-        )
+        weight_map: dict[str, str] | None = None
+        if index is None:
+            shards = self.weight_files()
+        else:
+            # The index is read once: it names the shards and is checked against them.
+            weight_map = _load_weight_map(index)
+            shards = _shards(index, weight_map)
         files: list[CheckpointFile] = []
         tensors: list[StoredTensor] = []
         seen: dict[str, str] = {}
@@ -294,7 +294,8 @@ def header_fingerprint(headers: Headers) -> str:
     h = hashlib.sha256()
     for cf in headers.files:
         name = os.path.basename(cf.path).encode()
-        h.update(struct.pack("<QQQQQ", len(name), cf.size, cf.ino, cf.mtime_ns, len(cf.header)))
+        # A modification time may be before 1970: the one signed field.
+        h.update(struct.pack("<QQQqQ", len(name), cf.size, cf.ino, cf.mtime_ns, len(cf.header)))
         h.update(name)
         h.update(cf.header)
     return h.hexdigest()
@@ -306,10 +307,12 @@ def _sampled(files: list[str]) -> str:
         with open(path, "rb") as f:
             st = os.fstat(f.fileno())
             name = os.path.basename(path).encode()
-            h.update(struct.pack("<QQQQ", len(name), st.st_size, st.st_ino, st.st_mtime_ns))
+            # A modification time may be before 1970: the one signed field.
+            h.update(struct.pack("<QQQq", len(name), st.st_size, st.st_ino, st.st_mtime_ns))
             h.update(name)
             h.update(f.read(SAMPLE_BYTES))
-            if st.st_size > 2 * SAMPLE_BYTES:
+            # The tail is read whenever the head did not reach it (the two may overlap).
+            if st.st_size > SAMPLE_BYTES:
                 f.seek(-SAMPLE_BYTES, os.SEEK_END)
                 h.update(f.read(SAMPLE_BYTES))
     return h.hexdigest()
