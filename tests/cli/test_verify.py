@@ -277,3 +277,306 @@ def test_a_fill_digested_on_its_device_is_compared_with_the_disk_the_same_way(ck
         f"{victim.name}: {Path(victim.file).name} on disk differs from what is served "
         "(the checkpoint changed since the fill)"
     ], rep.problems
+
+
+# -- verify_model, in this process, over a host fill's own views -----------------
+
+
+def _filled(ckpt: Path, **options):
+    """A safetensors fill of ``ckpt`` into host memory: its model table, its
+    manifest and a view of every tensor (what an attachment holds)."""
+    from tests.loaders.test_safetensors import _views
+    from wcached.loaders.safetensors import SafetensorsLoader, SafetensorsModel
+    from wcached.memory.host import HostBackend
+
+    model = SafetensorsModel(name="m", path=str(ckpt), **options)
+    filled = SafetensorsLoader().fill(model, HostBackend(), "cpu0", lambda *a: None)
+    return model, filled.manifest, _views(filled)
+
+
+def _att(manifest, views):
+    return type("Att", (), {"manifest": manifest, "tensors": views})()
+
+
+def _summary(rep) -> tuple:
+    return rep.problems, rep.notes, rep.checked_memory, rep.checked_disk
+
+
+def test_every_digested_tensor_is_checked_past_an_alias_and_an_undigested_one(ckpt: Path) -> None:
+    """Tensors without a digest and aliases are skipped in memory, and only
+    they: the one after them is checked all the same, and an alias's own
+    bytes are still compared with the disk."""
+    import msgspec
+
+    from wcached import tensor_digest
+    from wcached.cli.verify import verify_model
+
+    model, manifest, views = _filled(ckpt)
+    n = len(manifest.tensors)
+    assert n > 10 and all(i.digest for i in manifest.tensors)
+    assert manifest.attrs == {"digest": tensor_digest.HOST}
+    first_on_disk = Checkpoint(ckpt).headers().tensors[0].name
+    undigested = next(i for i in manifest.tensors if i.name == first_on_disk)
+    rest = [i for i in manifest.tensors if i is not undigested]
+    alias = msgspec.structs.replace(rest[0], alias_of=rest[1].name)
+    tensors = [msgspec.structs.replace(undigested, digest=""), alias, *rest[1:]]
+    rep = verify_model(_att(msgspec.structs.replace(manifest, tensors=tensors), views), model)
+    assert rep.model == "m"
+    assert _summary(rep) == ([], [], n - 2, n - 1)
+
+
+def test_a_fill_that_named_no_digest_algorithm_is_read_as_xxh3(ckpt: Path) -> None:
+    """A manifest with digests but no "digest" attribute (a daemon from before
+    the attribute) was hashed on the host: it verifies, in memory and on disk."""
+    import msgspec
+
+    from wcached.cli.verify import verify_model
+
+    model, manifest, views = _filled(ckpt)
+    n = len(manifest.tensors)
+    rep = verify_model(_att(msgspec.structs.replace(manifest, attrs={}), views), model)
+    assert _summary(rep) == ([], [], n, n)
+
+
+def test_what_could_not_be_compared_is_noted(ckpt: Path) -> None:
+    """A model the config does not name is checked in memory only, and says
+    so; a fill without digests says that nothing was recorded."""
+    from wcached.cli.verify import verify_model
+
+    model, manifest, views = _filled(ckpt)
+    rep = verify_model(_att(manifest, views), None)
+    notes = ["not in this config: the checkpoint on disk is not compared"]
+    assert _summary(rep) == ([], notes, len(manifest.tensors), 0)
+    model, manifest, views = _filled(ckpt, digest=False)
+    rep = verify_model(_att(manifest, views), model)
+    assert _summary(rep) == ([], ["no per-tensor digests were recorded by this fill (digest = false)"], 0, 0)
+
+
+def _as_vllm(manifest, fingerprint: str, **attrs: str):
+    """``manifest`` as a vLLM fill would have recorded it: another loader, the
+    checkpoint's fingerprint in its key, ``attrs`` beside its own."""
+    import msgspec
+
+    key = msgspec.structs.replace(manifest.key, loader="vllm", fingerprint=fingerprint)
+    return msgspec.structs.replace(manifest, key=key, attrs={**manifest.attrs, **attrs})
+
+
+def _rewrite_keeping_stamps(ckpt: Path) -> None:
+    """One tensor's bytes changed in place, its file's modification time put
+    back: no fingerprint of stamps and headers sees it, only the bytes do."""
+    stamps = {str(f): os.stat(f) for f in ckpt.glob("*.safetensors")}
+    victim = _rewrite_one_tensor(ckpt).file
+    os.utime(victim, ns=(stamps[victim].st_atime_ns, stamps[victim].st_mtime_ns))
+
+
+def test_a_fill_of_transformed_tensors_is_compared_by_its_checkpoints_fingerprint(ckpt: Path) -> None:
+    """A vLLM fill's tensors are not the checkpoint's bytes: verify compares
+    the fingerprint its key recorded (a checkpoint rewritten since differs;
+    a fill that recorded none is not compared by one) and says that the bytes
+    were not compared."""
+    from wcached.cli.verify import verify_model
+    from wcached.loaders.vllm.key import checkpoint_fingerprint
+
+    model, manifest, views = _filled(ckpt)
+    n = len(manifest.tensors)
+    att = _att(_as_vllm(manifest, checkpoint_fingerprint(str(ckpt))), views)
+    note = (
+        "vllm loader: the checkpoint's fingerprint compared, not its bytes "
+        '(fingerprint = "content" records them)'
+    )
+    assert _summary(verify_model(att, model)) == ([], [note], n, 0)
+    _rewrite_one_tensor(ckpt)
+    changed = f"checkpoint {ckpt} changed since the fill (its fingerprint differs)"
+    assert _summary(verify_model(att, model)) == ([changed], [note], n, 0)
+    unrecorded = _att(_as_vllm(manifest, ""), views)
+    assert _summary(verify_model(unrecorded, model)) == ([], [note], n, 0)
+
+
+def test_a_fill_that_recorded_its_checkpoints_content_compares_every_byte(ckpt: Path) -> None:
+    """With the content digest recorded (fingerprint = "content"), a byte
+    changed under kept stamps is a difference; a checkpoint gone is one too,
+    said as what it is."""
+    from wcached.cli.verify import verify_model
+    from wcached.loaders.vllm.key import checkpoint_fingerprint
+
+    model, manifest, views = _filled(ckpt)
+    n = len(manifest.tensors)
+    content = Checkpoint(ckpt).content_digest()
+    att = _att(
+        _as_vllm(manifest, checkpoint_fingerprint(str(ckpt)), **{"checkpoint.content": content}), views
+    )
+    assert _summary(verify_model(att, model)) == ([], [], n, 1)
+    _rewrite_keeping_stamps(ckpt)
+    differs = f"checkpoint {ckpt}: its bytes differ from those the fill read"
+    assert _summary(verify_model(att, model)) == ([differs], [], n, 1)
+    shutil.rmtree(ckpt)
+    rep = verify_model(att, model)
+    assert rep.problems[0] == f"checkpoint {ckpt} changed since the fill (its fingerprint differs)"
+    assert rep.problems[1].startswith(f"checkpoint {ckpt}: its bytes cannot be read (checkpoint "), (
+        rep.problems
+    )
+    assert "does not exist" in rep.problems[1] and len(rep.problems) == 2
+    assert rep.checked_disk == 0
+
+
+def test_a_tensor_on_disk_but_not_served_is_named_and_the_rest_compared(ckpt: Path) -> None:
+    import msgspec
+
+    from wcached.cli.verify import verify_model
+
+    model, manifest, views = _filled(ckpt)
+    on_disk = Checkpoint(ckpt).headers().tensors
+    first = on_disk[0]
+    served = [i for i in manifest.tensors if i.name != first.name]
+    rep = verify_model(_att(msgspec.structs.replace(manifest, tensors=served), views), model)
+    assert rep.problems == [f"{first.name}: in the checkpoint ({Path(first.file).name}) but not served"]
+    assert rep.checked_disk == len(on_disk) - 1
+
+
+def test_a_checkpoint_verify_cannot_read_is_a_difference_naming_it(ckpt: Path, work: Path) -> None:
+    from wcached.cli.verify import verify_model
+    from wcached.loaders.safetensors import SafetensorsModel
+
+    _, manifest, views = _filled(ckpt)
+    gone = work / "gone"
+    rep = verify_model(_att(manifest, views), SafetensorsModel(name="m", path=str(gone)))
+    assert len(rep.problems) == 1 and rep.problems[0].startswith(f"checkpoint {gone}: "), rep.problems
+    assert "does not exist" in rep.problems[0] and rep.checked_disk == 0
+
+
+def test_a_shard_cut_or_removed_while_verify_reads_names_each_tensor_it_took(ckpt: Path, monkeypatch) -> None:
+    """The checkpoint changes between its headers and its bytes (a copy in
+    progress): every tensor cut short is named as truncated, every tensor of
+    a removed shard with why, and the others are compared still."""
+    from wcached.cli.verify import verify_model
+
+    model, manifest, views = _filled(ckpt)
+    headers = Checkpoint(ckpt).headers()
+    monkeypatch.setattr(Checkpoint, "headers", lambda self: headers)
+    shards = sorted({t.file for t in headers.tensors})
+    assert len(shards) >= 2
+    cut_shard, gone_shard = shards[-1], shards[0]
+    in_cut = [t for t in headers.tensors if t.file == cut_shard]
+    cut = next(t for t in in_cut if t.nbytes >= 2).data_start + 1
+    os.truncate(cut_shard, cut)
+    os.unlink(gone_shard)
+    rep = verify_model(_att(manifest, views), model)
+    expected = []
+    for t in headers.tensors:
+        if t.file == gone_shard:
+            expected.append(f"{t.name}: checkpoint file {gone_shard} vanished while it was read")
+        elif t.file == cut_shard and t.nbytes and t.data_start + t.nbytes > cut:
+            expected.append(f"{t.name}: {Path(cut_shard).name} is truncated now")
+    assert sum("truncated" in e for e in expected) >= 2 and sum("vanished" in e for e in expected) >= 2
+    assert rep.problems == expected
+    assert rep.checked_disk == len(headers.tensors) - len(expected) > 0
+
+
+def test_without_torch_cast_and_device_digested_tensors_are_noted_not_compared(
+    ckpt: Path, monkeypatch
+) -> None:
+    """A host without torch can neither cast nor hash wmix128: each such
+    tensor is noted with why, and every other one is compared."""
+    import msgspec
+
+    import wcached.cli.verify as verify
+    from wcached import tensor_digest
+    from wcached.dtypes import BY_TORCH_NAME
+
+    model, manifest, views = _filled(ckpt, dtype="float16")
+    monkeypatch.setattr(verify, "_has_torch", lambda: False)
+    served = {i.name: i for i in manifest.tensors}
+    on_disk = Checkpoint(ckpt).headers().tensors
+    cast = [t.name for t in on_disk if BY_TORCH_NAME[served[t.name].dtype] is not t.dtype]
+    assert 2 <= len(cast) < len(on_disk) and cast[0] != on_disk[-1].name
+    rep = verify.verify_model(_att(manifest, views), model)
+    notes = [f"{name}: cast at fill, not compared with the disk (needs torch)" for name in cast]
+    assert _summary(rep) == ([], notes, len(on_disk), len(on_disk) - len(cast))
+    device = msgspec.structs.replace(
+        manifest,
+        tensors=[
+            msgspec.structs.replace(
+                i, digest=tensor_digest.torch_digest(tensor_digest.span_of(views[i.name]))
+            )
+            for i in manifest.tensors
+        ],
+        attrs={"digest": tensor_digest.DEVICE},
+    )
+    rep = verify.verify_model(_att(device, views), model)
+    notes = [
+        f"{t.name}: cast at fill, not compared with the disk (needs torch)"
+        if t.name in cast
+        else f"{t.name}: its digest is wmix128, not compared with the disk (needs torch)"
+        for t in on_disk
+    ]
+    assert _summary(rep) == ([], notes, len(on_disk), 0)
+
+
+def test_verify_without_torch_refuses_what_a_daemon_should_not_send(work: Path) -> None:
+    """Host memory mapped without torch is held to what an engine's client
+    holds it to: host segments only, an attach answered by an attachment,
+    tensors inside their segment, hashed with the host's algorithm."""
+    import msgspec
+    import xxhash
+
+    from tests.client.test_untrusted_daemon import _fake_daemon, _manifest, _memfd, _u8
+    from wcached import tensor_digest
+    from wcached.cli.verify import HostBytes
+    from wcached.errors import ProtocolError
+    from wcached.protocol.messages import PROTOCOL_VERSION, Welcome
+
+    good = _manifest(4096, [_u8("head", 0, 16), _u8("past", 4090, 16)])
+    with _fake_daemon(work / "a", lambda: _memfd(b"\7" * 4096), good):
+        with HostBytes("default", str(work / "a" / "cpu0.sock")) as hb:
+            head, past = hb.manifest.tensors
+            assert hb.digest(head, tensor_digest.HOST) == xxhash.xxh3_128(b"\7" * 16).hexdigest()
+            with pytest.raises(ProtocolError) as e:
+                hb.digest(past, tensor_digest.HOST)
+            assert str(e.value) == "past: bytes 4090+16 outside its segment"
+            with pytest.raises(ProtocolError) as e:
+                hb.digest(head, tensor_digest.DEVICE)
+            assert str(e.value) == "head: digest 'wmix128' of host memory"
+    gpu = msgspec.structs.replace(good, segments=[msgspec.structs.replace(good.segments[0], backend="cuda")])
+    with _fake_daemon(work / "b", lambda: _memfd(b"\7" * 4096), gpu):
+        with pytest.raises(ProtocolError) as e:
+            HostBytes("default", str(work / "b" / "cpu0.sock"))
+        assert str(e.value) == "segment 0 is cuda memory: verify needs torch"
+
+    def welcome_again(chan) -> None:
+        chan.send(
+            Welcome(version=PROTOCOL_VERSION, instance="cpu0", device="x", daemon_version="fake", pid=1)
+        )
+
+    with _fake_daemon(work / "c", lambda: -1, good, answer=welcome_again):
+        with pytest.raises(ProtocolError) as e:
+            HostBytes("default", str(work / "c" / "cpu0.sock"))
+        assert str(e.value) == "expected attached, got Welcome"
+
+
+def test_a_model_verify_cannot_attach_is_named_with_why_and_fails(
+    work: Path, ckpt: Path, monkeypatch, capsys
+) -> None:
+    from wcached.errors import ProtocolError
+
+    cfg = tied_model_config(work, ckpt, "64KiB")
+
+    def refuse(att) -> None:
+        att.close()
+        raise ProtocolError("the test refuses this attachment")
+
+    with run_daemon(cfg):
+        rc, out = _verify_with_served(monkeypatch, capsys, cfg, refuse)
+    assert (rc, out) == (1, "default: cannot attach: the test refuses this attachment\n")
+
+
+def test_verify_of_no_daemon_says_so_with_its_exit_status(work: Path, capsys) -> None:
+    from wcached.cli.verify import run
+    from wcached.errors import DaemonUnavailable
+
+    (work / "run").mkdir()
+    rc = run("cpu0", None, None, str(work / "run"))
+    out = capsys.readouterr().out
+    assert (rc, out) == (
+        DaemonUnavailable.exit_status,
+        f"wcached: no daemon socket at {work}/run/cpu0.sock\n",
+    )

@@ -38,7 +38,6 @@ def verify_model(att: Any, model: ModelConfig | None) -> Report:
     comparison), if the config names it."""
     manifest = att.manifest
     rep = Report(manifest.model)
-    served: dict[str, str] = {}
     # Hashed as the fill hashed it: on the host, or on the GPU serving it.
     algorithm = manifest.attrs.get("digest", tensor_digest.HOST)
     for info in manifest.tensors:
@@ -48,11 +47,10 @@ def verify_model(att: Any, model: ModelConfig | None) -> Report:
             got = att.digest(info, algorithm)
         else:
             got = tensor_digest.digest(att.tensors[info.name], algorithm, info.nbytes)
-        served[info.name] = got
         rep.checked_memory += 1
         if got != info.digest:
             rep.problems.append(f"{info.name}: the memory served differs from what was filled")
-    if not served:
+    if not rep.checked_memory:
         rep.notes.append("no per-tensor digests were recorded by this fill (digest = false)")
     if model is None:
         rep.notes.append("not in this config: the checkpoint on disk is not compared")
@@ -88,8 +86,13 @@ def _compare_fingerprint(manifest: Any, model: ModelConfig, rep: Report) -> None
     if recorded:
         from wcached.loaders.checkpoint import Checkpoint
 
+        try:
+            content = Checkpoint(model.path).content_digest()
+        except (OSError, WcacheError) as e:
+            rep.problems.append(f"checkpoint {model.path}: its bytes cannot be read ({e})")
+            return
         rep.checked_disk += 1
-        if Checkpoint(model.path).content_digest() != recorded:
+        if content != recorded:
             rep.problems.append(f"checkpoint {model.path}: its bytes differ from those the fill read")
     else:
         rep.notes.append(
