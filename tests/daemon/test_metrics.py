@@ -547,3 +547,291 @@ def test_a_reader_of_the_textfile_never_sees_half_a_rewrite(work: Path, sharded_
     finally:
         held.close()
         _down([d])
+
+
+# -- the registry, the textfile and the endpoint, in this process ----------------
+
+
+def _status(state: str = "serving", models=(), clients=()):
+    from wcached.protocol.messages import StatusReply
+
+    return StatusReply(
+        instance="cpu7",
+        device="host memory",
+        backend="host",
+        state=state,
+        pid=1,
+        daemon_version=__version__,
+        uptime_s=1.0,
+        models=list(models),
+        clients=list(clients),
+    )
+
+
+def _model(name: str, **fields):
+    from wcached.keys import CacheKey
+    from wcached.protocol.messages import ModelStatus
+
+    values = dict(
+        state="ready",
+        loader="safetensors",
+        bytes=1000,
+        tensors=3,
+        segments=2,
+        filled_at=0.0,
+        fill_seconds=2.5,
+    )
+    values.update(fields)
+    key = CacheKey(model=name, loader="safetensors", fingerprint="f", dtype="auto")
+    return ModelStatus(name=name, key=key, **values)
+
+
+def _client(*models: str):
+    from wcached.protocol.messages import ClientStatus
+
+    return ClientStatus(pid=2, uid=0, gid=0, client="engine", models=list(models), connected_s=1.0)
+
+
+def _by_model(samples: Samples, name: str) -> dict[str, float]:
+    return {dict(k)["model"]: v for k, v in _series(samples, name, "cpu7").items()}
+
+
+def test_every_counter_series_is_there_at_zero_and_client_names_never_become_labels() -> None:
+    """Attach series for every configured model (and '' for any other name)
+    by every result, error series for every code, all at 0 before anything
+    happened; a model or result the instance does not know counts as ''
+    and "error"; an error code not foreseen gets its series when first sent."""
+    from wcached.daemon.metrics import Metrics
+
+    m = Metrics("cpu7", "", ["b", "a"])
+    samples = _samples(m.exposition().decode())
+    attaches = _series(samples, "wcached_attaches_total", "cpu7")
+    expected = {(("model", mo), ("result", r)) for mo in ("a", "b", "") for r in ATTACH_RESULTS}
+    assert set(attaches) == expected and set(attaches.values()) == {0.0}
+    errors = _series(samples, "wcached_errors_total", "cpu7")
+    assert errors == {(("code", c),): 0.0 for c in ERROR_CODES}
+    assert not any(name.endswith("_created") for name, _ in samples)
+    m.count_attach("a", "ok")
+    m.count_attach("a", "ok")
+    m.count_attach("someone's secret model", "ok")
+    m.count_attach("b", "no such result")
+    m.count_error("busy")
+    m.count_error("brand_new")
+    m.count_error("brand_new")
+    samples = _samples(m.exposition().decode())
+    attaches = _series(samples, "wcached_attaches_total", "cpu7")
+    counted = {k: v for k, v in attaches.items() if v}
+    assert counted == {
+        (("model", "a"), ("result", "ok")): 2.0,
+        (("model", ""), ("result", "ok")): 1.0,
+        (("model", "b"), ("result", "error")): 1.0,
+    }
+    assert len(attaches) == len(expected)
+    errors = _series(samples, "wcached_errors_total", "cpu7")
+    assert {k: v for k, v in errors.items() if v} == {(("code", "busy"),): 1.0, (("code", "brand_new"),): 2.0}
+
+
+def test_an_instance_is_down_until_it_serves_and_says_its_release() -> None:
+    from wcached.daemon.metrics import Metrics
+
+    m = Metrics("cpu7", "", ["a"])
+    samples = _samples(m.exposition().decode())
+    assert _value(samples, "wcached_build_info", "cpu7", version=__version__) == 1.0
+    assert _value(samples, "wcached_up", "cpu7") == 0.0
+    assert not _series(samples, "wcached_model_ready", "cpu7")  # no status: no model gauges
+    for state, up in (("starting", 0.0), ("filling", 0.0), ("serving", 1.0)):
+        m.watch(lambda state=state: _status(state))
+        assert _value(_samples(m.exposition().decode()), "wcached_up", "cpu7") == up, state
+
+
+def test_model_gauges_are_read_from_the_status_when_scraped() -> None:
+    """Resident bytes and ready only while held; leases by the clients that
+    map each model; the fill's seconds, its reading seconds where it timed
+    them, the bytes it read (the checkpoint's where counted, else the
+    model's; none for a restored model) and restores."""
+    from wcached.daemon.metrics import Metrics
+
+    m = Metrics("cpu7", "", ["held", "gone", "restored", "untimed"])
+    models = [
+        _model("held", phases={"read": 4.0, "copy": 1.0}, read_bytes=8000),
+        _model("gone", state="released", bytes=500),
+        _model("restored", origin="restored", phases={"read": 3.0}, read_bytes=7000),
+        _model("untimed", bytes=1234),
+    ]
+    clients = [_client("held"), _client("held", "gone"), _client()]
+    m.watch(lambda: _status(models=models, clients=clients))
+    s = _samples(m.exposition().decode())
+    assert _by_model(s, "wcached_model_resident_bytes") == {
+        "held": 1000,
+        "gone": 0,
+        "restored": 1000,
+        "untimed": 1234,
+    }
+    assert _by_model(s, "wcached_model_ready") == {"held": 1, "gone": 0, "restored": 1, "untimed": 1}
+    assert _by_model(s, "wcached_model_tensors") == dict.fromkeys(("held", "gone", "restored", "untimed"), 3)
+    assert _by_model(s, "wcached_model_segments") == dict.fromkeys(("held", "gone", "restored", "untimed"), 2)
+    assert _by_model(s, "wcached_leases") == {"held": 2, "gone": 1, "restored": 0, "untimed": 0}
+    assert _by_model(s, "wcached_fill_seconds") == dict.fromkeys(("held", "gone", "restored", "untimed"), 2.5)
+    assert _by_model(s, "wcached_fill_reading_seconds") == {"held": 4.0}
+    assert _by_model(s, "wcached_fill_read_bytes_total") == {
+        "held": 8000,
+        "gone": 500,
+        "restored": 0,
+        "untimed": 1234,
+    }
+    assert _by_model(s, "wcached_restores_total") == {"held": 0, "gone": 0, "restored": 1, "untimed": 0}
+
+
+def test_a_gpu_instance_labels_its_uuid_and_host_memory_none() -> None:
+    from wcached.daemon.metrics import Metrics
+    from wcached.device import Device
+
+    gpu = Metrics.for_device(Device("cuda", "GPU-1234", 0, "H200"), ["a"])
+    assert (gpu.instance_id, gpu.gpu_uuid) == ("GPU-1234", "GPU-1234")
+    host = Metrics.for_device(Device("cpu", "cpu3", 3, "host memory"), ["a"])
+    assert (host.instance_id, host.gpu_uuid) == ("cpu3", "")
+    text = gpu.exposition().decode()
+    assert 'wcached_up{gpu_uuid="GPU-1234",instance="GPU-1234"} 0.0' in text
+
+
+def test_metrics_are_made_only_where_the_instance_exports_them() -> None:
+    from types import SimpleNamespace
+
+    from wcached.daemon.metrics import Metrics, NoMetrics, metrics_for
+    from wcached.device import Device
+
+    device = Device("cpu", "cpu0", 0, "host memory")
+    models = [SimpleNamespace(name="a"), SimpleNamespace(name="b")]
+    off = metrics_for(SimpleNamespace(metrics_dir="", metrics_port=0, models=models), device)
+    assert type(off) is NoMetrics
+    for where in ({"metrics_dir": "/x", "metrics_port": 0}, {"metrics_dir": "", "metrics_port": 9400}):
+        on = metrics_for(SimpleNamespace(models=models, **where), device)
+        assert isinstance(on, Metrics), where
+        on.count_attach("b", "ok")
+        attaches = _series(_samples(on.exposition().decode()), "wcached_attaches_total", "cpu0")
+        assert attaches[(("model", "b"), ("result", "ok"))] == 1.0
+
+
+def test_the_textfile_is_replaced_whole_readable_by_others_and_leaves_nothing_beside_it(
+    work: Path, monkeypatch
+) -> None:
+    from wcached.daemon.metrics import TEXTFILE_MODE, Metrics, remove_textfile
+
+    m = Metrics("cpu7", "", ["a"])
+    path = work / "wcached-cpu7.prom"
+    path.write_text("stale\n")
+    old = os.umask(0o077)
+    try:
+        m.write_textfile(str(path))
+    finally:
+        os.umask(old)
+    assert path.read_bytes() == m.exposition()
+    assert path.stat().st_mode & 0o777 == TEXTFILE_MODE
+    assert sorted(p.name for p in work.iterdir()) == [path.name]
+    # A name without a directory is written in the current one.
+    monkeypatch.chdir(work)
+    m.write_textfile("here.prom")
+    assert (work / "here.prom").read_bytes() == m.exposition()
+    # A rename that fails leaves the old file and no temporary.
+    before = path.read_bytes()
+
+    def refuse(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", refuse)
+    with pytest.raises(OSError):
+        m.write_textfile(str(path))
+    monkeypatch.undo()
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in work.iterdir()) == ["here.prom", path.name]
+    remove_textfile(str(path))
+    remove_textfile(str(path))  # gone already: nothing to do
+    assert not path.exists()
+
+
+def test_a_metrics_dir_that_cannot_be_written_is_a_config_error_naming_key_and_fix(
+    work: Path, monkeypatch
+) -> None:
+    from wcached.daemon.metrics import check_metrics_dir
+    from wcached.errors import ConfigError
+
+    check_metrics_dir(str(work), "/etc/wcache/wcached.toml")
+    missing = work / "nope"
+    with pytest.raises(ConfigError) as e:
+        check_metrics_dir(str(missing), "/etc/wcache/wcached.toml")
+    assert str(e.value) == (
+        f"/etc/wcache/wcached.toml: key 'daemon.metrics_dir': {missing} does not exist or is not a directory"
+    )
+    (work / "file").write_text("")
+    with pytest.raises(ConfigError) as e:
+        check_metrics_dir(str(work / "file"), "")
+    assert str(e.value).startswith("<config>: key 'daemon.metrics_dir': ")
+    asked = []
+
+    def no_write(path, mode):
+        asked.append(mode)
+        return False
+
+    monkeypatch.setattr(os, "access", no_write)
+    with pytest.raises(ConfigError) as e:
+        check_metrics_dir(str(work), "w.toml")
+    assert str(e.value) == (
+        f"w.toml: key 'daemon.metrics_dir': {work} is not writable by uid {os.geteuid()} (under the unit, "
+        f"which sees a read-only file system, add a drop-in with ReadWritePaths={work})"
+    )
+    assert asked == [os.W_OK | os.X_OK]
+
+
+def test_the_endpoint_answers_once_started_and_a_port_it_cannot_take_is_a_config_error(
+    monkeypatch,
+) -> None:
+    import errno as errno_
+    import wsgiref.simple_server
+
+    from wcached.daemon.metrics import Metrics, MetricsEndpoint
+    from wcached.errors import ConfigError
+
+    m = Metrics("cpu7", "", ["a"])
+    ep = MetricsEndpoint(0, m, "c.toml", "daemon.metrics_port")
+    port = ep._httpd.server_address[1]
+    assert ep._httpd.server_address[0] == "127.0.0.1"
+    ep.start()
+    try:
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
+        assert _value(_samples(body.decode()), "wcached_up", "cpu7") == 0.0
+        with pytest.raises(ConfigError) as e:
+            MetricsEndpoint(port, m, "c.toml", "daemon.metrics_port")
+        assert str(e.value) == (
+            f"c.toml: key 'daemon.metrics_port': 127.0.0.1:{port} is already in use "
+            "(another instance or service listens there)"
+        )
+    finally:
+        ep.close()
+    MetricsEndpoint(0, m, "", "daemon.metrics_port").close()  # closed unstarted
+
+    def unreachable(*args, **kwargs):
+        raise OSError(errno_.EADDRNOTAVAIL, "Cannot assign requested address")
+
+    monkeypatch.setattr(wsgiref.simple_server, "make_server", unreachable)
+    with pytest.raises(ConfigError) as e:
+        MetricsEndpoint(9400, m, "", "daemon.metrics_port")
+    assert str(e.value) == (
+        "<config>: key 'daemon.metrics_port': cannot listen on 127.0.0.1:9400: "
+        "Cannot assign requested address"
+    )
+
+
+def test_a_scrape_that_never_finishes_its_request_is_cut_off_at_the_deadline(monkeypatch) -> None:
+    import wcached.daemon.metrics as metrics
+
+    monkeypatch.setattr(metrics, "REQUEST_DEADLINE_S", 0.5)
+    ep = metrics.MetricsEndpoint(0, metrics.Metrics("cpu7", "", []), "", "daemon.metrics_port")
+    ep.start()
+    try:
+        with socket.create_connection(("127.0.0.1", ep._httpd.server_address[1]), timeout=10) as s:
+            s.sendall(b"GET /metrics HTTP/1.1\r\n")  # and never the rest
+            started = time.monotonic()
+            assert s.recv(1) == b""  # closed by the server
+            assert 0.3 < time.monotonic() - started < 5
+    finally:
+        ep.close()
