@@ -79,9 +79,10 @@ def main() -> None:
         "kernel_equals_torch": same,
         "xxh3_via_host_s_extrapolated": t_host,
     }
+    gpu = torch.cuda.get_device_name()
     table = "\n".join(
         [
-            f"| {total / 2**30:.1f} GiB in {args.tensors} tensors, H200 | seconds | GB/s |",
+            f"| {total / 2**30:.1f} GiB in {args.tensors} tensors, {gpu} | seconds | GB/s |",
             "|---|---|---|",
             f"| device-to-device copy (the fill's copy step) | {t_copy:.3f} | {total / t_copy / 1e9:.0f} |",
             f"| wmix128 kernel, one launch for all tensors | {t_batch:.4f} | {total / t_batch / 1e9:.0f} |",
