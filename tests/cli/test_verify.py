@@ -580,3 +580,151 @@ def test_verify_of_no_daemon_says_so_with_its_exit_status(work: Path, capsys) ->
         DaemonUnavailable.exit_status,
         f"wcached: no daemon socket at {work}/run/cpu0.sock\n",
     )
+
+
+def test_host_memory_mapped_without_torch_is_held_as_verify_and_hashes_as_filled(
+    work: Path, ckpt: Path
+) -> None:
+    """HostBytes against a real daemon: the daemon sees it as "wcached verify"
+    holding the model, every tensor hashes to its recorded digest, and
+    closing it twice is harmless."""
+    from wcached.cli.verify import HostBytes
+    from wcached.client.connection import DaemonConnection
+
+    cfg = tied_model_config(work, ckpt, "64KiB")
+    with run_daemon(cfg) as d:
+        with HostBytes("default", d.socket_path) as hb:
+            with DaemonConnection(d.socket_path) as conn:
+                clients = [(c.client, c.models) for c in conn.status().clients]
+            assert ("wcached verify", ["default"]) in clients, clients
+            digested = [i for i in hb.manifest.tensors if i.digest and i.alias_of is None]
+            assert len(digested) > 10
+            for info in digested:
+                assert hb.digest(info, hb.manifest.attrs["digest"]) == info.digest, info.name
+            hb.close()
+
+
+def test_host_bytes_refuses_fds_that_do_not_match_and_waits_for_them_only_its_timeout(work: Path) -> None:
+    """A tensor may end exactly at its segment's end; a daemon sending fewer
+    fds than segments is refused by name, and one that never sends the fds
+    it announced is given up on after the timeout, not waited for."""
+    import time
+
+    import msgspec
+
+    from tests.client.test_untrusted_daemon import _fake_daemon, _manifest, _memfd, _u8
+    from wcached import tensor_digest
+    from wcached.cli.verify import HostBytes
+    from wcached.errors import ProtocolError, TimeoutExpired
+    from wcached.protocol.messages import Attached
+
+    edge = _manifest(4096, [_u8("tail", 4080, 16)])
+    with _fake_daemon(work / "a", lambda: _memfd(b"\1" * 4080 + b"\2" * 16), edge):
+        with HostBytes("default", str(work / "a" / "cpu0.sock")) as hb:
+            assert hb.digest(hb.manifest.tensors[0], tensor_digest.HOST) == xxhash_of(b"\2" * 16)
+    two = msgspec.structs.replace(
+        edge, segments=[edge.segments[0], msgspec.structs.replace(edge.segments[0], index=1)]
+    )
+    with _fake_daemon(work / "b", lambda: _memfd(b"\1" * 4096), two):
+        with pytest.raises(ProtocolError) as e:
+            HostBytes("default", str(work / "b" / "cpu0.sock"))
+        assert str(e.value) == "1 fds for 2 segments"
+
+    def announce_and_send_nothing(chan) -> None:
+        chan.send(Attached(manifest=edge, fd_count=1))
+
+    with _fake_daemon(work / "c", lambda: -1, edge, answer=announce_and_send_nothing):
+        started = time.monotonic()
+        with pytest.raises(TimeoutExpired):
+            HostBytes("default", str(work / "c" / "cpu0.sock"), timeout=0.5)
+        assert time.monotonic() - started < 5
+
+
+def xxhash_of(data: bytes) -> str:
+    import xxhash
+
+    return xxhash.xxh3_128(data).hexdigest()
+
+
+def _three_model_config(work: Path, ckpt: Path, *names: str, **per_model: dict) -> Path:
+    from tests.helpers import write_config
+
+    models = [{"name": n, "path": str(ckpt), **per_model.get(n, {})} for n in names]
+    return write_config(work / "models.toml", models=models, daemon={"socket_dir": str(work / "run")})
+
+
+def test_each_model_is_verified_past_one_that_cannot_attach_and_any_difference_fails(
+    work: Path, ckpt: Path, monkeypatch, capsys
+) -> None:
+    """Of three models, one verify cannot attach, one whose served memory
+    differs and one that is fine: all three are reported, in order, and the
+    run fails (exit 1); verify holds each as "wcached verify"."""
+    from wcached.client.connection import DaemonConnection
+    from wcached.errors import ProtocolError
+
+    cfg = _three_model_config(work, ckpt, "refused", "differs", "fine")
+    seen: list[tuple[str, list]] = []
+
+    def tamper(att) -> None:
+        name = att.manifest.model
+        with DaemonConnection(str(work / "run" / "cpu0.sock")) as conn:
+            seen.append((name, [(c.client, c.models) for c in conn.status().clients]))
+        if name == "refused":
+            att.close()
+            raise ProtocolError("the test refuses this attachment")
+        if name == "differs":
+            info = next(i for i in att.manifest.tensors if i.digest and i.alias_of is None and i.nbytes >= 4)
+            t = att.tensors[info.name].clone()
+            t.view(-1).view(torch.uint8)[0] ^= 0xFF
+            att.tensors[info.name] = t
+
+    with run_daemon(cfg):
+        rc, out = _verify_with_served(monkeypatch, capsys, cfg, tamper)
+    assert rc == 1, out
+    lines = out.splitlines()
+    assert lines[0] == "refused: cannot attach: the test refuses this attachment", out
+    assert lines[1].startswith("differs: DIFFERS ("), out
+    assert lines[2].endswith(": the memory served differs from what was filled"), out
+    assert lines[3].startswith("fine: ok ("), out
+    assert len(lines) == 4, out
+    assert [n for n, _ in seen] == ["refused", "differs", "fine"]
+    for name, clients in seen:
+        assert ("wcached verify", [name]) in clients, (name, clients)
+
+
+def test_one_model_with_nothing_to_compare_makes_the_run_not_verified(
+    work: Path, ckpt: Path, monkeypatch, capsys
+) -> None:
+    """A model without digests beside a verified one: the run is not a pass
+    (exit 3), and the unverified model's note is printed under it."""
+    cfg = _three_model_config(work, ckpt, "nodigest", "fine", nodigest={"digest": False})
+    with run_daemon(cfg):
+        rc, out = _verify_with_served(monkeypatch, capsys, cfg, lambda att: None)
+    assert rc == 3, out
+    assert out.startswith(
+        "nodigest: NOT VERIFIED (0 tensors checked in memory, 0 against the checkpoint)\n"
+        "  note: no per-tensor digests were recorded by this fill (digest = false)\n"
+        "fine: ok ("
+    ), out
+
+
+def test_verify_without_a_config_checks_memory_and_says_the_disk_was_not_compared(
+    work: Path, ckpt: Path, monkeypatch, capsys
+) -> None:
+    """No --config and no /etc/wcache/wcached.toml: verify finds the daemon by
+    its socket directory and checks served memory only, saying so; an
+    instance other than cpu0 is the one asked."""
+    from wcached import defaults
+    from wcached.cli.verify import run
+
+    cfg = tied_model_config(work, ckpt, "64KiB")
+    monkeypatch.setattr(defaults, "config_path", lambda: str(work / "no-such.toml"))
+    with run_daemon(cfg, "cpu1") as d:
+        rc = run("cpu1", None, None, d.socket_dir)
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    head, note = out.splitlines()
+    assert head.startswith("default: ok (") and head.endswith(
+        " tensors checked in memory, 0 against the checkpoint)"
+    )
+    assert note == "  note: not in this config: the checkpoint on disk is not compared"

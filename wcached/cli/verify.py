@@ -157,7 +157,7 @@ class HostBytes:
     The memfds are checked as an engine's client checks them (sealed, as
     large as the manifest says) and each tensor's span as its views are."""
 
-    def __init__(self, name: str, path: str):
+    def __init__(self, name: str, path: str, timeout: float = 10.0):
         import mmap
 
         from wcached.client.connection import DaemonConnection
@@ -166,7 +166,7 @@ class HostBytes:
         from wcached.protocol.messages import Attach, Attached
         from wcached.protocol.wire import close_fds
 
-        self._conn = DaemonConnection(path, client="wcached verify")
+        self._conn = DaemonConnection(path, timeout, client="wcached verify")
         self._maps: list[mmap.mmap] = []
         try:
             reply = self._conn.request(Attach(model=name))
@@ -175,6 +175,8 @@ class HostBytes:
             fds = self._conn.chan.recv_fds(reply.fd_count, timeout=self._conn.timeout)
             try:
                 self.manifest = reply.manifest
+                if len(fds) != len(self.manifest.segments):  # as attach() refuses it
+                    raise ProtocolError(f"{len(fds)} fds for {len(self.manifest.segments)} segments")
                 for fd, seg in zip(fds, self.manifest.segments, strict=True):
                     if seg.backend != "host":
                         raise ProtocolError(
