@@ -727,6 +727,21 @@ def test_the_textfile_is_replaced_whole_readable_by_others_and_leaves_nothing_be
         os.umask(old)
     assert path.read_bytes() == m.exposition()
     assert path.stat().st_mode & 0o777 == TEXTFILE_MODE
+    # Written beside it and renamed there (a rename within one directory is
+    # atomic; across file systems it is no rename at all).
+    renames = []
+    real_replace = os.replace
+
+    def recording(src, dst):
+        renames.append((os.path.dirname(src), os.path.basename(src), dst))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", recording)
+    m.write_textfile(str(path))
+    monkeypatch.undo()
+    ((where, name, dst),) = renames
+    assert (where, dst) == (str(work), str(path))
+    assert not name.endswith(".prom")  # the textfile collector reads *.prom only
     assert sorted(p.name for p in work.iterdir()) == [path.name]
     # A name without a directory is written in the current one.
     monkeypatch.chdir(work)
@@ -739,8 +754,20 @@ def test_the_textfile_is_replaced_whole_readable_by_others_and_leaves_nothing_be
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(os, "replace", refuse)
-    with pytest.raises(OSError):
+    with pytest.raises(OSError) as e:
         m.write_textfile(str(path))
+    assert e.value.errno == 28
+    # Nor does an unlink that fails as well hide why the write failed.
+    real_unlink = os.unlink
+
+    def unlink_fails(p):
+        real_unlink(p)
+        raise FileNotFoundError(p)
+
+    monkeypatch.setattr(os, "unlink", unlink_fails)
+    with pytest.raises(OSError) as e:
+        m.write_textfile(str(path))
+    assert e.value.errno == 28
     monkeypatch.undo()
     assert path.read_bytes() == before
     assert sorted(p.name for p in work.iterdir()) == ["here.prom", path.name]
@@ -793,8 +820,8 @@ def test_the_endpoint_answers_once_started_and_a_port_it_cannot_take_is_a_config
 
     m = Metrics("cpu7", "", ["a"])
     ep = MetricsEndpoint(0, m, "c.toml", "daemon.metrics_port")
-    port = ep._httpd.server_address[1]
-    assert ep._httpd.server_address[0] == "127.0.0.1"
+    port = ep.port
+    assert ep._httpd.server_address == ("127.0.0.1", port) and port > 0
     ep.start()
     try:
         body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
@@ -807,6 +834,7 @@ def test_the_endpoint_answers_once_started_and_a_port_it_cannot_take_is_a_config
         )
     finally:
         ep.close()
+    ep.close()  # a second close does nothing (and does not wait for a server gone)
     MetricsEndpoint(0, m, "", "daemon.metrics_port").close()  # closed unstarted
 
     def unreachable(*args, **kwargs):
@@ -828,10 +856,45 @@ def test_a_scrape_that_never_finishes_its_request_is_cut_off_at_the_deadline(mon
     ep = metrics.MetricsEndpoint(0, metrics.Metrics("cpu7", "", []), "", "daemon.metrics_port")
     ep.start()
     try:
-        with socket.create_connection(("127.0.0.1", ep._httpd.server_address[1]), timeout=10) as s:
+        with socket.create_connection(("127.0.0.1", ep.port), timeout=10) as s:
             s.sendall(b"GET /metrics HTTP/1.1\r\n")  # and never the rest
             started = time.monotonic()
             assert s.recv(1) == b""  # closed by the server
             assert 0.3 < time.monotonic() - started < 5
     finally:
         ep.close()
+
+
+def test_the_documented_metrics_are_the_exported_ones() -> None:
+    """docs/operations.md's table names every series the registry exports,
+    with its type and labels (instance and gpu_uuid on all), and nothing else."""
+    import re
+
+    from wcached.daemon.metrics import Metrics
+
+    documented: dict[str, tuple[str, frozenset[str]]] = {}
+    table = (Path(__file__).parents[2] / "docs" / "operations.md").read_text()
+    for row in re.findall(r"^\| (`wcached_.*?) \| (\w+) \|", table, re.M):
+        for name, labels in re.findall(r"`(wcached_\w+)(?:\{([^}]*)\})?`", row[0]):
+            documented[name] = (row[1], frozenset(filter(None, labels.split(","))))
+    m = Metrics("cpu7", "", ["m"])
+    m.watch(lambda: _status(models=[_model("m", phases={"read": 1.0}, read_bytes=10)]))
+    exported: dict[str, tuple[str, frozenset[str]]] = {}
+    for family in text_string_to_metric_families(m.exposition().decode()):
+        for s in family.samples:
+            assert {"instance", "gpu_uuid"} <= set(s.labels), s
+            exported[s.name] = (family.type, frozenset(s.labels) - {"instance", "gpu_uuid"})
+    assert len(documented) >= 13
+    assert exported == documented
+
+
+def test_an_endpoint_never_closed_does_not_keep_its_process_alive(work: Path) -> None:
+    """A daemon that ends without closing the endpoint (an exception on the
+    way out) still exits: the serving thread does not hold it."""
+    code = (
+        "from wcached.daemon.metrics import Metrics, MetricsEndpoint\n"
+        "MetricsEndpoint(0, Metrics('cpu7', '', []), '', 'daemon.metrics_port').start()\n"
+        "print('started', flush=True)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert (r.returncode, r.stdout) == (0, "started\n"), r.stderr

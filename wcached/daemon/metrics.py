@@ -394,7 +394,8 @@ class MetricsEndpoint:
             else:
                 problem = f"cannot listen on {self.ADDRESS}:{port}: {e.strerror or e}"
             raise ConfigError(source or None, key, problem) from None
-        self.port = port
+        # The port listened on (the one asked for, or the kernel's choice for 0).
+        self.port: int = self._httpd.server_address[1]
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
