@@ -661,25 +661,20 @@ def test_model_gauges_are_read_from_the_status_when_scraped() -> None:
     clients = [_client("held"), _client("held", "gone"), _client()]
     m.watch(lambda: _status(models=models, clients=clients))
     s = _samples(m.exposition().decode())
-    assert _by_model(s, "wcached_model_resident_bytes") == {
-        "held": 1000,
-        "gone": 0,
-        "restored": 1000,
-        "untimed": 1234,
+    names = ("held", "gone", "restored", "untimed")
+    expected = {
+        "wcached_model_resident_bytes": (1000, 0, 1000, 1234),
+        "wcached_model_ready": (1, 0, 1, 1),
+        "wcached_model_tensors": (3, 3, 3, 3),
+        "wcached_model_segments": (2, 2, 2, 2),
+        "wcached_leases": (2, 1, 0, 0),
+        "wcached_fill_seconds": (2.5, 2.5, 2.5, 2.5),
+        "wcached_fill_read_bytes_total": (8000, 500, 0, 1234),
+        "wcached_restores_total": (0, 0, 1, 0),
     }
-    assert _by_model(s, "wcached_model_ready") == {"held": 1, "gone": 0, "restored": 1, "untimed": 1}
-    assert _by_model(s, "wcached_model_tensors") == dict.fromkeys(("held", "gone", "restored", "untimed"), 3)
-    assert _by_model(s, "wcached_model_segments") == dict.fromkeys(("held", "gone", "restored", "untimed"), 2)
-    assert _by_model(s, "wcached_leases") == {"held": 2, "gone": 1, "restored": 0, "untimed": 0}
-    assert _by_model(s, "wcached_fill_seconds") == dict.fromkeys(("held", "gone", "restored", "untimed"), 2.5)
+    for name, values in expected.items():
+        assert _by_model(s, name) == dict(zip(names, values, strict=True)), name
     assert _by_model(s, "wcached_fill_reading_seconds") == {"held": 4.0}
-    assert _by_model(s, "wcached_fill_read_bytes_total") == {
-        "held": 8000,
-        "gone": 500,
-        "restored": 0,
-        "untimed": 1234,
-    }
-    assert _by_model(s, "wcached_restores_total") == {"held": 0, "gone": 0, "restored": 1, "untimed": 0}
 
 
 def test_a_gpu_instance_labels_its_uuid_and_host_memory_none() -> None:
