@@ -411,3 +411,235 @@ def test_a_running_unit_whose_socket_does_not_answer_is_down_not_unknown(tmp_pat
     assert view.state == "down" and view.error == "timed out waiting for a frame"
     assert view.unit == "wcached@cpu4.service"
     assert not all_serving([view]) and not any_unknown([view])
+
+
+# -- the pieces, each rule at its edges ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("n", "said"),
+    [
+        (0, "0 B"),
+        (1023, "1023 B"),
+        (1024, "1.0 KiB"),
+        (1536, "1.5 KiB"),
+        (1024**2 - 1, "1024.0 KiB"),
+        (1024**2, "1.0 MiB"),
+        (1024**3, "1.0 GiB"),
+        (1024**4, "1.0 TiB"),
+        (1024**5, "1024.0 TiB"),
+    ],
+)
+def test_sizes_in_binary_units(n: int, said: str) -> None:
+    from wcached.cli.status import size
+
+    assert size(n) == said
+
+
+@pytest.mark.parametrize(
+    ("s", "said"),
+    [
+        (0, "0s"),
+        (59.9, "59s"),
+        (60, "1m00s"),
+        (61, "1m01s"),
+        (3599, "59m59s"),
+        (3600, "1h00m"),
+        (90061, "25h01m"),
+    ],
+)
+def test_durations_at_their_unit_edges(s: float, said: str) -> None:
+    from wcached.cli.status import duration
+
+    assert duration(s) == said
+
+
+def test_how_a_run_ended_is_said_by_systemds_result_first_then_status_or_signal() -> None:
+    from wcached import exits
+    from wcached.cli.status import RESULT_MEANINGS, exit_meaning
+
+    for result, text in RESULT_MEANINGS.items():
+        assert exit_meaning("exited", 1, result, "wcached@cpu0.service") == text.format(
+            unit="wcached@cpu0.service"
+        )
+    assert exit_meaning("exited", None, "start-limit-hit").endswith("systemctl reset-failed the unit")
+    assert exit_meaning("exited", None, "exit-code") == ""
+    assert exit_meaning("killed", 9, "signal") == "killed by SIGKILL (out of memory?)"
+    assert exit_meaning("dumped", 11, "core") == "killed by SIGSEGV"
+    assert exit_meaning("killed", 15) == "killed by SIGTERM"
+    assert exit_meaning("killed", 200) == "killed by signal 200"
+    assert exit_meaning("exited", 78, "exit-code") == exits.meaning(78)
+    assert exit_meaning("exited", 9, "exit-code") == exits.meaning(9)  # a status, not a signal
+
+
+def test_a_units_properties_are_read_as_systemctl_show_prints_them() -> None:
+    from wcached.cli.status import UnitInfo, _unit
+
+    block = (
+        "Id=wcached@GPU-1.service\nActiveState=activating\nSubState=auto-restart\nResult=exit-code\n"
+        "StatusText=failed: key=value in the journal\nExecMainCode=1\nExecMainStatus=75\n"
+    )
+    assert _unit(block) == UnitInfo(
+        unit="wcached@GPU-1.service",
+        instance="GPU-1",
+        active_state="activating",
+        sub_state="auto-restart",
+        result="exit-code",
+        status_text="failed: key=value in the journal",
+        exit_code="exited",
+        exit_status=75,
+    )
+    for code, said in (("2", "killed"), ("3", "dumped"), ("0", "0"), ("", "")):
+        u = _unit(f"Id=wcached@0.service\nExecMainCode={code}\nExecMainStatus=9")
+        assert u is not None and (u.exit_code, u.exit_status) == (said, 9), code
+    bare = _unit("Id=wcached@0.service")
+    assert bare == UnitInfo(
+        unit="wcached@0.service",
+        instance="0",
+        active_state="",
+        sub_state="",
+        result="",
+        status_text="",
+        exit_code="",
+        exit_status=None,
+    )
+    assert _unit("Id=wcached@0.service\nExecMainStatus=-1").exit_status is None
+    assert _unit("Id=other@0.service") is None
+    assert _unit("Id=wcached@0.socket") is None
+    assert _unit("ActiveState=active") is None
+
+
+def test_units_are_listed_then_shown_in_one_call_each() -> None:
+    from wcached.cli.status import UNIT_PATTERN, systemd_units
+
+    calls: list[list[str]] = []
+
+    def systemctl(args):
+        calls.append(list(args))
+        if args[0] == "list-units":
+            return "wcached@1.service loaded active running x\n\nwcached@0.service loaded failed failed y\n"
+        return (
+            "Id=wcached@0.service\nActiveState=failed\n\n"
+            "Id=unrelated.service\nActiveState=active\n\n"
+            "Id=wcached@1.service\nActiveState=active\n"
+        )
+
+    units = systemd_units(systemctl)
+    assert [(u.unit, u.active_state) for u in units] == [
+        ("wcached@0.service", "failed"),
+        ("wcached@1.service", "active"),
+    ]
+    assert calls == [
+        ["list-units", "--all", "--plain", "--no-legend", "--no-pager", UNIT_PATTERN],
+        [
+            "show",
+            "--no-pager",
+            "--property=Id,ActiveState,SubState,Result,StatusText,ExecMainCode,ExecMainStatus",
+            "wcached@0.service",
+            "wcached@1.service",
+        ],
+    ]
+    calls.clear()
+    assert systemd_units(lambda args: calls.append(list(args)) or " \n") == []
+    assert len(calls) == 1  # nothing listed: nothing shown
+
+    def broken(args):
+        raise subprocess.TimeoutExpired(["systemctl"], 10)
+
+    assert systemd_units(broken) == []
+
+    def gone(args):
+        raise FileNotFoundError("systemctl")
+
+    assert systemd_units(gone) == []
+
+
+def test_without_systemd_no_unit_is_asked_for(monkeypatch) -> None:
+    import shutil
+
+    from wcached.cli import status
+
+    monkeypatch.setattr(status, "_systemctl", lambda args: pytest.fail("systemctl run without systemd"))
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    assert status.systemd_units() == []
+    monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/systemctl")
+    monkeypatch.setattr(os.path, "isdir", lambda p: p != "/run/systemd/system")
+    assert status.systemd_units() == []
+
+
+def test_systemctl_is_run_with_a_timeout_and_its_failure_is_no_output(monkeypatch) -> None:
+    from wcached.cli import status
+
+    runs = []
+
+    def run(argv, **kwargs):
+        runs.append((argv, kwargs))
+        return subprocess.CompletedProcess(argv, 1 if "fail" in argv else 0, stdout="out\n", stderr="err")
+
+    monkeypatch.setattr(subprocess, "run", run)
+    assert status._systemctl(["show", "x"]) == "out\n"
+    assert status._systemctl(["fail"]) == ""
+    assert runs[0] == (["systemctl", "show", "x"], {"capture_output": True, "text": True, "timeout": 10})
+
+
+@pytest.mark.parametrize(
+    ("active", "sub", "text", "seen", "state"),
+    [
+        ("failed", "failed", "", True, "failed"),
+        ("inactive", "dead", "", True, "stopped"),
+        ("deactivating", "stop-sigterm", "", True, "stopping"),
+        ("activating", "auto-restart", "filling default", True, "restarting"),
+        ("activating", "start", "filling default: 40%", True, "filling"),
+        ("activating", "start", "starting", True, "starting"),
+        ("activating", "start", "", True, "starting"),
+        ("active", "running", "serving 1 model(s)", True, "down"),
+        ("active", "running", "serving 1 model(s)", False, "unknown"),
+        ("maintenance", "x", "", True, "down"),
+        ("reloading", "x", "", False, "down"),
+    ],
+)
+def test_a_units_state_without_an_answering_daemon(
+    active: str, sub: str, text: str, seen: bool, state: str
+) -> None:
+    from wcached.cli.status import _unit_view
+
+    view = _unit_view(_unit("GPU-9", active, sub, text=text), "GPU-9", sockets_seen=seen)
+    assert view.state == state
+    assert (view.instance, view.instance_id, view.gpu_uuid) == ("GPU-9", "GPU-9", "GPU-9")
+    assert (view.unit, view.unit_state, view.unit_status) == (
+        "wcached@GPU-9.service",
+        f"{active}/{sub}",
+        text,
+    )
+    assert (view.exit_status, view.exit_meaning) == (None, "")
+
+
+def test_a_unit_view_carries_how_its_last_run_ended_unless_it_succeeded() -> None:
+    from wcached.cli.status import _unit_view
+
+    cpu = _unit_view(_unit("cpu1", "activating", "auto-restart", "exit-code", 75), "cpu1")
+    assert (cpu.gpu_uuid, cpu.exit_status) == ("", 75)
+    assert cpu.exit_meaning.startswith("out of device or host memory") and cpu.exit_meaning.endswith(
+        "(retried)"
+    )
+    for result in ("", "success"):
+        ok = _unit_view(_unit("cpu1", "inactive", "dead", result, 0), "cpu1")
+        assert (ok.exit_status, ok.exit_meaning) == (None, ""), result
+
+
+@pytest.mark.parametrize(
+    ("states", "unknown"),
+    [
+        ((), False),
+        (("unknown",), True),
+        (("unknown", "serving"), True),
+        (("serving", "serving"), False),
+        (("unknown", "down"), False),
+        (("unknown", "failed"), False),
+    ],
+)
+def test_unknown_only_where_nothing_known_is_wrong(states: tuple[str, ...], unknown: bool) -> None:
+    from wcached.cli.status import InstanceView, any_unknown
+
+    views = [InstanceView(instance=f"cpu{i}", instance_id=f"cpu{i}", state=s) for i, s in enumerate(states)]
+    assert any_unknown(views) is unknown
