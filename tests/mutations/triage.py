@@ -138,6 +138,12 @@ FLOORS: dict[str, tuple[float, int]] = {
     # 52 survived, all triaged (42 HELP texts, 7 thread name and poll
     # timings, 3 equivalent), none held.
     "wcached/daemon/metrics.py": (88.1, 0),
+    # Session 21: scored whole (746 mutants, --max-tests 12, hangs cut at 90
+    # s, tests/cli/test_status.py): 485 caught, 208 survived, 53 that no
+    # test runs; rescored (--changed --survivors) after the tests of each
+    # piece at its edges: 650 caught, 90 survived, 6 that no test runs;
+    # held by the ceiling until triaged (most in gather, table and _notes).
+    "wcached/cli/status.py": (87.8, 96),
     "wcached/memory/host.py": (92.2, 0),
     # Scored whole in session 16 (234 mutants, --max-tests 12): 205 caught,
     # 29 survived; all triaged (11 caught by the tests written after the
