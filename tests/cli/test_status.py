@@ -643,3 +643,119 @@ def test_unknown_only_where_nothing_known_is_wrong(states: tuple[str, ...], unkn
 
     views = [InstanceView(instance=f"cpu{i}", instance_id=f"cpu{i}", state=s) for i, s in enumerate(states)]
     assert any_unknown(views) is unknown
+
+
+def test_an_instances_notes_say_progress_failure_error_memory_and_clients() -> None:
+    """Under the table: a starting, filling or restarting unit's progress
+    (not a serving one's); a failed run's meaning with the unit to read in
+    the journal (its name made from the instance where no unit was seen);
+    why a socket did not answer; what the weights take of the GPU; and each
+    client, named or not, with what it holds."""
+    from wcached.cli.status import InstanceView, _notes, memory_note
+    from wcached.protocol.messages import ClientStatus
+
+    for state in ("starting", "filling", "restarting"):
+        v = InstanceView(instance="cpu1", instance_id="cpu1", state=state, unit_status="filling a: 40%")
+        assert _notes(v) == ["cpu1: filling a: 40%"], state
+    assert (
+        _notes(InstanceView(instance="cpu1", instance_id="cpu1", state="serving", unit_status="serving"))
+        == []
+    )
+    failed = InstanceView(
+        instance="cpu1", instance_id="cpu1", state="failed", exit_status=78, exit_meaning="a mistake"
+    )
+    assert _notes(failed) == ["cpu1: exit status 78: a mistake; journalctl -u wcached@cpu1 -e"]
+    down = InstanceView(instance="cpu1", instance_id="cpu1", state="down", error="connection refused")
+    assert _notes(down) == ["cpu1: connection refused"]
+    gpu = InstanceView(
+        instance="0",
+        instance_id="GPU-1",
+        state="serving",
+        device_memory_bytes=100 << 30,
+        models=[_model_status("a", 10 << 30)],
+        clients=[
+            ClientStatus(pid=5, uid=1000, gid=1000, client="", models=[], connected_s=5),
+            ClientStatus(pid=6, uid=0, gid=0, client="vllm", models=["a", "b"], connected_s=61),
+        ],
+    )
+    assert _notes(gpu) == [
+        memory_note(gpu),
+        "0: pid 5 uid 1000 (client) attached to nothing yet for 5s",
+        "0: pid 6 uid 0 (vllm) attached to a, b for 1m01s",
+    ]
+    assert memory_note(gpu).startswith("0: weights take 10.0 GiB = 10.0% of the GPU's 100.0 GiB")
+
+
+def _model_status(name: str, nbytes: int):
+    from wcached.keys import CacheKey
+    from wcached.protocol.messages import ModelStatus
+
+    key = CacheKey(model=name, loader="safetensors", fingerprint="f", dtype="auto")
+    return ModelStatus(
+        name=name,
+        state="ready",
+        loader="safetensors",
+        bytes=nbytes,
+        tensors=1,
+        segments=1,
+        key=key,
+        filled_at=0.0,
+        fill_seconds=1.0,
+    )
+
+
+def test_a_unit_killed_by_a_signal_says_the_signal_and_running_units_are_down_by_default() -> None:
+    import msgspec
+
+    from wcached.cli.status import _unit_view
+
+    killed = msgspec.structs.replace(
+        _unit("cpu1", "activating", "auto-restart", "signal", 9), exit_code="killed"
+    )
+    view = _unit_view(killed, "cpu1")
+    assert (view.exit_status, view.exit_meaning) == (9, "killed by SIGKILL (out of memory?)")
+    assert _unit_view(_unit("cpu1", "active", "running"), "cpu1").state == "down"
+
+
+def test_the_table_row_by_row() -> None:
+    """One row per model (the instance's cells on its first), "-" where an
+    instance has no model or did not answer, a released model's own state,
+    "unknown (no access)" spelled out, clients counted per model, columns as
+    wide as their widest cell, and notes after a blank line only if any."""
+    import msgspec
+
+    from wcached.cli.status import InstanceView, table
+    from wcached.protocol.messages import ClientStatus
+
+    released = msgspec.structs.replace(_model_status("old", 3 << 30), state="released")
+    views = [
+        InstanceView(
+            instance="cpu0",
+            instance_id="cpu0",
+            state="serving",
+            device="host memory",
+            pid=42,
+            uptime_s=3661,
+            models=[_model_status("a", 2 << 30), released],
+            clients=[ClientStatus(pid=7, uid=0, gid=0, client="vllm", models=["a"], connected_s=5)],
+        ),
+        InstanceView(instance="1", instance_id="GPU-1", gpu_uuid="GPU-1", state="unknown"),
+        InstanceView(instance="cpu2", instance_id="cpu2", state="down"),
+    ]
+    assert table(views).split("\n") == [
+        "INSTANCE  STATE                DEVICE       GPU UUID  MODEL  SIZE     TENSORS  CLIENTS  "
+        "LAST FILL         UPTIME  PID",
+        "cpu0      serving              host memory  -         a      2.0 GiB  1        1        "
+        "1.0 s, 2.15 GB/s  1h01m   42",
+        "          released                                    old    3.0 GiB  1        0        "
+        "1.0 s, 3.22 GB/s",
+        "1         unknown (no access)  -            GPU-1     -      -        -        -        "
+        "-                 -       -",
+        "cpu2      down                 -            -         -      -        -        -        "
+        "-                 -       -",
+        "",
+        "cpu0: pid 7 uid 0 (vllm) attached to a for 5s",
+    ]
+    assert table(views[1:]).split("\n")[-1] == (
+        "cpu2      down                 -       -         -      -     -        -        -          -       -"
+    )
