@@ -122,15 +122,17 @@ def test_last_fill_says_seconds_rate_or_restored() -> None:
 
     assert last_fill(_model("m", 16_000_000_000, seconds=8.0)) == "8.0 s, 2.00 GB/s"
     # A vLLM fill: 20 s of it vLLM's import and set-up, the rate over the
-    # reading of the checkpoint's 16 GB alone (more than it serves: fp8).
+    # reading of the checkpoint's 18 GB alone (more than it serves: fp8).
     vllm = _model(
         "m",
         8_000_000_000,
         seconds=26.0,
         phases={"vllm_setup": 20.0, "vllm_construct": 0.5, "read": 4.0, "vllm_post": 1.5},
-        read_bytes=16_000_000_000,
+        read_bytes=18_000_000_000,
     )
-    assert last_fill(vllm) == "26.0 s, reading 4.0 s at 4.00 GB/s"
+    assert last_fill(vllm) == "26.0 s, reading 4.0 s at 4.50 GB/s"
+    # A fill too quick to time (0 s) has no rate, not a division by zero.
+    assert last_fill(_model("m", 1000, seconds=0.0)) == "0.0 s, 0.00 GB/s"
     # No reading phase (a fill that did not time it): the whole fill's rate.
     assert last_fill(_model("m", 16_000_000_000, seconds=8.0, phases={"copy": 4.0})) == "8.0 s, 2.00 GB/s"
     assert last_fill(_model("m", 16_000_000_000, origin="restored", seconds=8.0)) == "restored (8.0 s fill)"
@@ -445,6 +447,7 @@ def test_sizes_in_binary_units(n: int, said: str) -> None:
         (61, "1m01s"),
         (3599, "59m59s"),
         (3600, "1h00m"),
+        (3720, "1h02m"),
         (90061, "25h01m"),
     ],
 )
@@ -559,12 +562,17 @@ def test_without_systemd_no_unit_is_asked_for(monkeypatch) -> None:
 
     from wcached.cli import status
 
-    monkeypatch.setattr(status, "_systemctl", lambda args: pytest.fail("systemctl run without systemd"))
-    monkeypatch.setattr(shutil, "which", lambda name: None)
-    assert status.systemd_units() == []
-    monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/systemctl")
-    monkeypatch.setattr(os.path, "isdir", lambda p: p != "/run/systemd/system")
-    assert status.systemd_units() == []
+    asked: list[list[str]] = []
+    monkeypatch.setattr(status, "_systemctl", lambda args: asked.append(list(args)) or "")
+    systemd_booted = {"/run/systemd/system": True}
+    monkeypatch.setattr(os.path, "isdir", lambda p: systemd_booted.get(p, False))
+    monkeypatch.setattr(shutil, "which", lambda name: None)  # no systemctl installed
+    assert status.systemd_units() == [] and asked == []
+    monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/systemctl" if name == "systemctl" else None)
+    systemd_booted["/run/systemd/system"] = False  # installed, not booted with it (a container)
+    assert status.systemd_units() == [] and asked == []
+    systemd_booted["/run/systemd/system"] = True
+    assert status.systemd_units() == [] and asked[0][0] == "list-units"
 
 
 def test_systemctl_is_run_with_a_timeout_and_its_failure_is_no_output(monkeypatch) -> None:
