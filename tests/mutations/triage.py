@@ -143,7 +143,11 @@ FLOORS: dict[str, tuple[float, int]] = {
     # test runs; rescored (--changed --survivors) after the tests of each
     # piece at its edges: 650 caught, 90 survived, 6 that no test runs;
     # held by the ceiling until triaged (most in gather, table and _notes).
-    "wcached/cli/status.py": (87.8, 96),
+    # Rescored twice (--changed --survivors) after the notes, table,
+    # last_fill, duration and systemd tests: 696 caught, 48 survived, 2 that
+    # no test runs; the 10 outside gather and _with_units triaged (9
+    # equivalent, 1 accepted); gather's 29 and _with_units' 11 held.
+    "wcached/cli/status.py": (93.5, 40),
     "wcached/memory/host.py": (92.2, 0),
     # Scored whole in session 16 (234 mutants, --max-tests 12): 205 caught,
     # 29 survived; all triaged (11 caught by the tests written after the
@@ -2049,4 +2053,54 @@ TRIAGE: dict[tuple[str, str, str], str] = {
         "MetricsEndpoint.close",
         '-            self._thread = None\n+            self._thread = ""',
     ): "equivalent: a second close then calls shutdown() again, which returns at once (serve_forever has ended and left its event set), and server_close() twice is harmless",
+    (
+        "wcached/cli/status.py",
+        "_unit",
+        '-    unit = props.get("Id", "")\n+    unit = props.get("Id", "XXXX")',
+    ): "equivalent: a block without Id is no wcached@ unit either way ('XXXX' does not start with wcached@ any more than '')",
+    (
+        "wcached/cli/status.py",
+        "_unit",
+        '-    status = props.get("ExecMainStatus", "")\n+    status = props.get("ExecMainStatus", "XXXX")',
+    ): "equivalent: a missing ExecMainStatus reads as no status either way ('XXXX' is no more digits than '')",
+    (
+        "wcached/cli/status.py",
+        "exit_meaning",
+        '-def exit_meaning(code: str, status: int | None, result: str = "", unit: str = "") -> str:\n+def exit_meaning(code: str, status: int | None, result: str = "XXXX", unit: str = "") -> str:',
+    ): "equivalent: without a Result= the default only has to be no key of RESULT_MEANINGS, which 'XXXX' is not either",
+    (
+        "wcached/cli/status.py",
+        "_unit_view",
+        '-    state = {"failed": "failed", "inactive": "stopped", "deactivating": "stopping"}.get(u.active_state, "")\n+    state = {"failed": "failed", "inactive": "stopped", "deactivating": "stopping"}.get(u.active_state, None)',
+    ): "equivalent: an unknown ActiveState becomes 'down' through `state or \"down\"`, and None is as false as ''",
+    (
+        "wcached/cli/status.py",
+        "_unit_view",
+        '-    state = {"failed": "failed", "inactive": "stopped", "deactivating": "stopping"}.get(u.active_state, "")\n+    state = {"failed": "failed", "inactive": "stopped", "deactivating": "stopping"}.get(u.active_state, )',
+    ): "equivalent: an unknown ActiveState becomes 'down' through `state or \"down\"`, and None is as false as ''",
+    (
+        "wcached/cli/status.py",
+        "table",
+        '-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]\n+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=None)).rstrip() for row in rows]',
+    ): "equivalent: every row is built with the header's eleven cells and widths has one per header cell, so the lengths are equal and strict never fires",
+    (
+        "wcached/cli/status.py",
+        "table",
+        '-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]\n+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, )).rstrip() for row in rows]',
+    ): "equivalent: every row is built with the header's eleven cells and widths has one per header cell, so the lengths are equal and strict never fires",
+    (
+        "wcached/cli/status.py",
+        "table",
+        '-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]\n+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)).rstrip() for row in rows]',
+    ): "equivalent: every row is built with the header's eleven cells and widths has one per header cell, so the lengths are equal and strict never fires",
+    (
+        "wcached/cli/status.py",
+        "last_fill",
+        "-    rate = m.bytes / 1e9 / m.fill_seconds if m.fill_seconds > 0 else 0.0\n+    rate = m.bytes / 1000000001.0 / m.fill_seconds if m.fill_seconds > 0 else 0.0",
+    ): "accepted: a rate off by one part in 10**9, below the two decimals it is printed with",
+    (
+        "wcached/cli/status.py",
+        "size",
+        "-    return str(n)\n+    return str(None)",
+    ): "equivalent: unreachable: the loop returns at 'TiB' whatever the size",
 }
