@@ -767,3 +767,117 @@ def test_the_table_row_by_row() -> None:
     assert table(views[1:]).split("\n")[-1] == (
         "cpu2      down                 -       -         -      -     -        -        -          -       -"
     )
+
+
+def _answering(reply):
+    """A fake daemon's answer to status: ``reply`` as it is."""
+    return lambda chan: chan.send(reply)
+
+
+def _status_reply(**fields):
+    from wcached.protocol.messages import StatusReply
+
+    values = dict(
+        instance="cpu0",
+        device="host memory",
+        backend="host",
+        state="serving",
+        pid=42,
+        daemon_version="9.9",
+        uptime_s=5.0,
+        models=[],
+        clients=[],
+    )
+    values.update(fields)
+    return StatusReply(**values)
+
+
+def test_a_gpu_daemons_answer_is_shown_by_its_index_and_uuid(work: Path) -> None:
+    """What a daemon answers is what status shows: a GPU instance under the
+    index it reports (GPU 0 included; its UUID where it reports none), its
+    UUID as id and GPU UUID, its version and memory; host memory has no GPU
+    UUID."""
+    from tests.client.test_untrusted_daemon import _fake_daemon, _manifest
+    from wcached.cli.status import gather
+
+    nothing = _manifest(0, [])
+    cases = [
+        (dict(backend="cuda", instance="GPU-abc", device="NVIDIA H200", device_index=0), ("0", "GPU-abc")),
+        (dict(backend="cuda", instance="GPU-abc", device="NVIDIA H200", device_index=1), ("1", "GPU-abc")),
+        (dict(backend="cuda", instance="GPU-abc", device="NVIDIA H200"), ("GPU-abc", "GPU-abc")),
+        (dict(backend="host", instance="cpu3", device_index=3), ("cpu3", "")),
+    ]
+    for i, (fields, (instance, uuid)) in enumerate(cases):
+        sdir = work / f"d{i}"
+        reply = _status_reply(device_memory_bytes=7 << 30, **fields)
+        with _fake_daemon(sdir, lambda: -1, nothing, answer=_answering(reply)):
+            (view,) = gather(str(sdir), None, 5.0, units=[])
+        assert (view.instance, view.instance_id, view.gpu_uuid) == (instance, reply.instance, uuid), fields
+        assert (view.state, view.device, view.pid, view.daemon_version) == (
+            "serving",
+            reply.device,
+            42,
+            "9.9",
+        )
+        assert (view.uptime_s, view.device_memory_bytes, view.error) == (5.0, 7 << 30, "")
+
+
+def test_one_instance_asked_by_name_and_a_name_that_is_none(work: Path) -> None:
+    """``wcached status cpu0`` asks that socket in the socket directory; a
+    name that names no instance is down with why."""
+    from tests.client.test_untrusted_daemon import _fake_daemon, _manifest
+    from wcached.cli.status import gather
+
+    with _fake_daemon(work / "d", lambda: -1, _manifest(0, []), answer=_answering(_status_reply())):
+        (view,) = gather(str(work / "d"), "cpu0", 5.0, units=[])
+    assert (view.instance, view.state, view.pid) == ("cpu0", "serving", 42)
+    (bad,) = gather(str(work / "d"), "not-an-instance", 5.0, units=[])
+    assert (bad.instance, bad.instance_id, bad.state) == ("not-an-instance", "not-an-instance", "down")
+    assert bad.error.startswith("instance 'not-an-instance' is not a device: use cpuN"), bad.error
+
+
+def test_a_daemon_that_refuses_this_user_is_unknown_not_down(work: Path) -> None:
+    from tests.client.test_untrusted_daemon import _fake_daemon, _manifest
+    from wcached.cli.status import gather
+    from wcached.protocol.messages import ErrorReply
+
+    refused = ErrorReply(code="permission_denied", message="uid 1000 may not ask")
+    with _fake_daemon(work / "d", lambda: -1, _manifest(0, []), answer=_answering(refused)):
+        (view,) = gather(str(work / "d"), None, 5.0, units=[])
+    assert (view.instance, view.state, view.error) == ("cpu0", "unknown", "uid 1000 may not ask")
+
+
+def test_units_without_a_daemon_stopped_ones_left_out_and_unasked_ones_unknown(monkeypatch) -> None:
+    """Units whose daemon did not answer get views of their own, except one
+    stopped on purpose (every other unit after it still shown); where the
+    sockets could not be listed, a running unit is unknown, not down; a unit
+    named by a GPU index joins the daemon that reports only its UUID."""
+    from wcached.cli import status
+    from wcached.cli.status import InstanceView, _with_units
+
+    units = [
+        _unit("cpu5", "inactive", "dead"),
+        _unit("cpu6", "failed", "failed", "exit-code", 78),
+        _unit("cpu7", "active", "running", text="serving 1 model(s)"),
+    ]
+    views = _with_units([], units, None, sockets_seen=False)
+    assert [(v.instance, v.state) for v in views] == [("cpu6", "failed"), ("cpu7", "unknown")]
+    monkeypatch.setattr(status, "canonical_instance", lambda name: {"0": "GPU-abc"}.get(name, name))
+    daemon = InstanceView(instance="GPU-abc", instance_id="GPU-abc", state="serving", pid=9)
+    (joined,) = _with_units([daemon], [_unit("0", "active", "running", text="serving")], None)
+    assert (joined.instance, joined.instance_id, joined.pid, joined.unit) == (
+        "0",
+        "GPU-abc",
+        9,
+        "wcached@0.service",
+    )
+
+
+def test_a_daemon_that_answers_is_shown_as_it_answers_whatever_its_unit_does() -> None:
+    """A unit stopping while its daemon still answers: the daemon's own state
+    and models stay; only a daemon that did not answer is shown as its unit."""
+    from wcached.cli.status import InstanceView, _with_units
+
+    answering = InstanceView(instance="cpu1", instance_id="cpu1", state="serving", pid=9)
+    (view,) = _with_units([answering], [_unit("cpu1", "deactivating", "stop-sigterm")], None)
+    assert (view.state, view.pid, view.unit_state) == ("serving", 9, "deactivating/stop-sigterm")
