@@ -881,3 +881,13 @@ def test_a_daemon_that_answers_is_shown_as_it_answers_whatever_its_unit_does() -
     answering = InstanceView(instance="cpu1", instance_id="cpu1", state="serving", pid=9)
     (view,) = _with_units([answering], [_unit("cpu1", "deactivating", "stop-sigterm")], None)
     assert (view.state, view.pid, view.unit_state) == ("serving", 9, "deactivating/stop-sigterm")
+
+
+def test_a_socket_directory_this_user_cannot_list_leaves_running_units_unknown(work: Path) -> None:
+    from wcached.cli.status import gather
+
+    units = [_unit("cpu7", "active", "running", text="serving 1 model(s)")]
+    (view,) = gather(str(work), None, 1.0, units=units, list_sockets=False)
+    assert (view.instance, view.state) == ("cpu7", "unknown")
+    (view,) = gather(str(work), None, 1.0, units=units, list_sockets=True)
+    assert (view.instance, view.state) == ("cpu7", "down")
