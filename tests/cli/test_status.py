@@ -891,3 +891,13 @@ def test_a_socket_directory_this_user_cannot_list_leaves_running_units_unknown(w
     assert (view.instance, view.state) == ("cpu7", "unknown")
     (view,) = gather(str(work), None, 1.0, units=units, list_sockets=True)
     assert (view.instance, view.state) == ("cpu7", "down")
+
+
+def test_a_running_unit_whose_daemon_refuses_this_user_stays_unknown() -> None:
+    """Refused is not down: a running unit does not turn a daemon that said
+    "not you" into a dead one, and its error stays."""
+    from wcached.cli.status import InstanceView, _with_units
+
+    refused = InstanceView(instance="cpu1", instance_id="cpu1", state="unknown", error="uid 1000 may not ask")
+    (view,) = _with_units([refused], [_unit("cpu1", "active", "running", text="serving")], None)
+    assert (view.state, view.error, view.unit) == ("unknown", "uid 1000 may not ask", "wcached@cpu1.service")
