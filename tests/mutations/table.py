@@ -1267,4 +1267,41 @@ MUTATIONS: tuple[Mutation, ...] = (
         ),
         function="_copy_storages",
     ),
+    Mutation(
+        "a sampled fingerprint skips the tail of a file under two samples",
+        "wcached/loaders/checkpoint.py",
+        "if st.st_size > SAMPLE_BYTES:",
+        "if st.st_size > 2 * SAMPLE_BYTES:",
+        ("tests/loaders/test_checkpoint.py::test_a_file_between_one_and_two_samples_has_its_last_byte_seen",),
+        function="_sampled",
+    ),
+    Mutation(
+        "a file dated before 1970 breaks the header fingerprint",
+        "wcached/loaders/checkpoint.py",
+        '"<QQQqQ"',
+        '"<QQQQQ"',
+        ("tests/loaders/test_checkpoint.py::test_files_dated_before_1970_are_fingerprinted",),
+        function="header_fingerprint",
+    ),
+    Mutation(
+        "verify on a host without torch takes fewer fds than segments",
+        "wcached/cli/verify.py",
+        "if len(fds) != len(self.manifest.segments):",
+        "if False:",
+        (
+            "tests/cli/test_verify.py::"
+            "test_host_bytes_refuses_fds_that_do_not_match_and_waits_for_them_only_its_timeout",
+        ),
+        function="HostBytes.__init__",
+    ),
+    Mutation(
+        "verify raises on a checkpoint whose content it cannot read",
+        "wcached/cli/verify.py",
+        "except (OSError, WcacheError) as e:\n"
+        '            rep.problems.append(f"checkpoint {model.path}: its bytes',
+        "except ZeroDivisionError as e:\n"
+        '            rep.problems.append(f"checkpoint {model.path}: its bytes',
+        ("tests/cli/test_verify.py::test_a_fill_that_recorded_its_checkpoints_content_compares_every_byte",),
+        function="_compare_fingerprint",
+    ),
 )
