@@ -94,6 +94,39 @@ def test_device_digest_on_a_gpu_equals_the_cpus() -> None:
 
 
 @pytest.mark.parametrize("algorithm", [DEVICE, HOST])
+def test_digests_of_many_are_each_ones_digest_in_order(algorithm: str) -> None:
+    parts = [_bytes(n, seed=n) for n in (9, 0, 1001, 8)]
+    items = [(parts[0], None), (parts[1], None), (parts[2][1:].view(-1), 500), (parts[3], 4)]
+    want = [digest(t, algorithm, n) for t, n in items]
+    assert tensor_digest.digests(items, algorithm) == want
+    assert len(set(want)) == 4
+    assert tensor_digest.digests([], algorithm) == []
+    with pytest.raises(ValueError, match="unknown digest algorithm 'md5'"):
+        tensor_digest.digests(items, "md5")
+
+
+@pytest.mark.gpu
+def test_gpu_digests_of_many_take_one_launch_and_equal_the_cpus(monkeypatch) -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from wcached.memory import cuda_digest
+
+    launches: list[int] = []
+    spans = cuda_digest.digest_spans
+
+    def counted(batch, stream=0):
+        launches.append(len(batch))
+        return spans(batch, stream)
+
+    monkeypatch.setattr(cuda_digest, "digest_spans", counted)
+    parts = [_bytes(n, seed=n) for n in (9, 0, (2 << 20) + 3, 8, 4096)]
+    items = [(p.cuda(), None) for p in parts] + [(parts[2], None)]
+    got = tensor_digest.digests(items, DEVICE)
+    assert got == [digest(p, DEVICE) for p in parts] + [digest(parts[2], DEVICE)]
+    assert launches == [4]  # the empty one and the host one need no kernel
+
+
+@pytest.mark.parametrize("algorithm", [DEVICE, HOST])
 @pytest.mark.parametrize("cuts", [[], [1], [7, 8, 9], [3, 4096], [4098]])
 def test_a_stream_of_pieces_gives_the_whole_tensors_digest(
     algorithm: str, cuts: list[int], monkeypatch

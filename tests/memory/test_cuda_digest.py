@@ -52,3 +52,52 @@ def test_a_batch_is_each_span_alone_and_sees_one_flipped_bit() -> None:
     parts[-1][PIECE + 1] ^= 1
     again = cuda_digest.digest_spans(spans)
     assert again[:-1] == got[:-1] and again[-1] != got[-1]
+
+
+@pytest.mark.gpu
+def test_the_built_kernel_is_kept_and_a_damaged_copy_is_built_again(
+    tmp_path: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
+    from wcached.memory import cuda_digest, kernel_cache
+
+    torch.empty(1, device="cuda")  # torch's context is current
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    compile_ = cuda_digest._compile
+    built: list[bytes] = []
+
+    def counted(opts: list[bytes]) -> bytes:
+        built.append(compile_(opts))
+        return built[-1]
+
+    monkeypatch.setattr(cuda_digest, "_compile", counted)
+
+    def fresh_process() -> str | None:
+        monkeypatch.setattr(cuda_digest, "_kernels", {})
+        return cuda_digest.available()
+
+    assert fresh_process() is None and len(built) == 1
+    (kept,) = kernel_cache.cache_dir().iterdir()
+    assert kernel_cache.load(kept) == built[0]
+    # The next worker loads the kept build: NVRTC is not asked.
+    assert fresh_process() is None and len(built) == 1
+    # A damaged file (cut short: the driver crashes on one) is never loaded:
+    # built again, kept again.
+    raw = kept.read_bytes()
+    kept.write_bytes(raw[: len(raw) // 2])
+    assert fresh_process() is None and len(built) == 2
+    assert kernel_cache.load(kept) == built[1]
+    # A build that loads but digests wrongly is not used either.
+    check = cuda_digest._self_check
+    calls: list[int] = []
+
+    def wrong_once(cu: object, fn: object) -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise cuda_digest.DeviceError("the digest kernel built here gives wrong digests")
+        check(cu, fn)
+
+    monkeypatch.setattr(cuda_digest, "_self_check", wrong_once)
+    assert fresh_process() is None and len(built) == 3 and len(calls) == 2
+    assert cuda_digest._unusable is None

@@ -653,13 +653,12 @@ def _record(infos: dict[str, TensorInfo], group: _Storage, segment: int, offset:
 
 
 def _digest(infos: dict[str, TensorInfo], groups: list[_Storage], algorithm: str) -> None:
-    """Each tensor's digest, of the bytes it has where it was built."""
-    for group in groups:
-        for name, t, _ in group.members:
-            nbytes = infos[name].nbytes
-            if nbytes:
-                d = tensor_digest.digest(t, algorithm, nbytes)
-                infos[name] = msgspec.structs.replace(infos[name], digest=d)
+    """Each tensor's digest, of the bytes it has where it was built (GPU
+    tensors in one kernel launch)."""
+    named = [(name, t) for group in groups for name, t, _ in group.members if infos[name].nbytes]
+    got = tensor_digest.digests([(t, infos[name].nbytes) for name, t in named], algorithm)
+    for (name, _), d in zip(named, got, strict=True):
+        infos[name] = msgspec.structs.replace(infos[name], digest=d)
 
 
 def _copy_storages(
