@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,21 @@ def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _no_lease_outlives_its_test() -> None:
+    """A test that leaves an attachment open leaves its lease watched: once its
+    daemon is gone the watcher keeps retrying it, opening sockets that later
+    tests see as their own fds. Stop each lease at the end of its test."""
+    yield
+    lease = sys.modules.get("wcached.client.lease")
+    watcher = lease._Watcher._instance if lease is not None else None
+    if watcher is not None:
+        with watcher._lock:
+            left = list(watcher._leases)
+        for watch in left:
+            watch.stop()
 
 
 @pytest.fixture

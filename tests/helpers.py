@@ -442,3 +442,23 @@ def fill_backlog(path: str) -> list[socket.socket]:
             s.close()
             return queued
         queued.append(s)
+
+
+def open_fds() -> dict[int, str]:
+    """This process's open fds and what each is open to (its /proc link)."""
+    out = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            out[int(name)] = os.readlink(f"/proc/self/fd/{name}")
+        except FileNotFoundError:
+            continue  # the listing's own fd, closed by now
+    return out
+
+
+def fds_opened_since(before: dict[int, str]) -> dict[int, str]:
+    """The fds open now that were not open at ``before`` (or are open to
+    another file by now): what the code under test left open. An fd that
+    something else in the process closed meanwhile (a socket of an earlier
+    test collected as garbage, a thread winding down) is not a leak, so a
+    test asks this, never whether the whole set is unchanged."""
+    return {fd: what for fd, what in open_fds().items() if before.get(fd) != what}

@@ -50,6 +50,7 @@ def test_every_error_exits_with_a_status_the_table_explains() -> None:
         (errors.DeviceNotReady, 69),
         (errors.DeviceError, 78),
         (errors.WorkerNotRunnable, 69),
+        (errors.DaemonUnavailable, 69),  # a client command with no daemon to ask
     ],
 )
 def test_causes_and_their_statuses(cls: type[errors.WcacheError], status: int) -> None:

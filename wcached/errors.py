@@ -200,9 +200,12 @@ class PermissionRefused(WcacheError):
 
 
 class DaemonUnavailable(WcacheError):
-    """No daemon answers on the instance's socket."""
+    """No daemon answers on the instance's socket: a command run against it
+    (``wcached verify``, ``release``) exits 69, the service is unavailable,
+    not 70, which would say the command itself broke."""
 
     code = "unavailable"
+    exit_status = EX_UNAVAILABLE
 
 
 class TimeoutExpired(WcacheError):

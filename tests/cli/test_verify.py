@@ -225,6 +225,18 @@ def test_verify_of_a_daemon_serving_no_model_is_not_a_pass(work: Path, ckpt: Pat
     assert "serves no model to verify" in r.stdout, r.stdout
 
 
+@pytest.mark.parametrize("command", [["verify", "cpu0"], ["release", "cpu0", "--model", "default"]])
+def test_a_command_with_no_daemon_to_ask_exits_unavailable(work: Path, ckpt: Path, command: list) -> None:
+    """No daemon on the instance's socket (stopped, or not yet started) is
+    the service being unavailable (69, as sysexits has it), and says where it
+    looked: not 70, which tells a script the command itself broke."""
+    cfg = tied_model_config(work, ckpt, "64KiB")
+    argv = [sys.executable, "-m", "wcached", *command, "--config", str(cfg)]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 69, r.stdout + r.stderr
+    assert f"no daemon socket at {work / 'run' / 'cpu0.sock'}" in r.stdout + r.stderr, r.stdout + r.stderr
+
+
 def test_verify_on_a_host_without_torch_checks_what_it_checks_with_torch(work: Path, ckpt: Path) -> None:
     """A packaged host runs `wcached verify` with Debian's python3, which has
     no torch: host memory is hashed all the same (tensor for tensor), and a

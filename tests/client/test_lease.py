@@ -3,6 +3,7 @@ process, quiet about planned restarts, patient with a daemon coming back."""
 
 from __future__ import annotations
 
+import gc
 import itertools
 import logging
 import os
@@ -15,7 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import Daemon, start_daemon, tied_model_config, wait_ready, write_config
+from tests.helpers import (
+    Daemon,
+    one_model_config,
+    open_fds,
+    start_daemon,
+    tied_model_config,
+    wait_ready,
+    write_config,
+)
 from wcached.client import attach
 from wcached.client.connection import DaemonConnection
 
@@ -206,16 +215,7 @@ def _own_fds(d: Daemon) -> dict[int, str]:
     systemd holds (its socket and the fd store's copies)."""
     d.notify.drain()
     theirs = {fd for _, fd in d.notify.store} | {d.notify.sock.fileno()}
-    out = {}
-    for name in os.listdir("/proc/self/fd"):
-        fd = int(name)
-        try:
-            out[fd] = os.readlink(f"/proc/self/fd/{name}")
-        except FileNotFoundError:
-            continue  # the listing's own fd, closed by now
-        if fd in theirs:
-            del out[fd]
-    return out
+    return {fd: what for fd, what in open_fds().items() if fd not in theirs}
 
 
 def _mapping_of(address: int) -> str:
@@ -240,6 +240,7 @@ def test_restarts_leak_no_fds_and_the_lease_keeps_the_same_memory(work: Path, ck
         ptrs = {n: t.data_ptr() for n, t in a.tensors.items()}
         where = _mapping_of(a.tensors["embed.weight"].data_ptr())
         assert "memfd:" in where, where
+        gc.collect()  # earlier tests' attachments close their fds when collected, not during ours
         before = _own_fds(d)
         for i in range(3):
             d = _restarted(d, cfg)
@@ -248,7 +249,7 @@ def test_restarts_leak_no_fds_and_the_lease_keeps_the_same_memory(work: Path, ck
                 assert time.monotonic() < deadline, d.log()
                 time.sleep(0.05)
             assert "restored default from the fd store" in d.log(), d.log()
-        settled = time.monotonic() + 2  # another test's lease retrying holds an fd for a moment
+        settled = time.monotonic() + 2  # a re-attach in flight holds an fd for a moment
         while len(after := _own_fds(d)) != len(before) and time.monotonic() < settled:
             time.sleep(0.1)
         assert len(after) == len(before), {fd: after[fd] for fd in sorted(set(after) - set(before))}
@@ -261,6 +262,25 @@ def test_restarts_leak_no_fds_and_the_lease_keeps_the_same_memory(work: Path, ck
         a.close()
         d.stop()
         d.notify.close()
+
+
+def _not_taken_up(a, d: Daemon, caplog: pytest.LogCaptureFixture) -> None:
+    """The daemon came back holding another fill: the lease is not taken up
+    again, the engine is told once at warning, and the daemon does not
+    count it as a lease on memory it does not map."""
+    deadline = time.monotonic() + 20
+    while a.watch.watching and a.watch.reattached == 0:
+        assert time.monotonic() < deadline, [r.getMessage() for r in caplog.records]
+        time.sleep(0.05)
+    client = [r for r in caplog.records if r.name == "wcached.client"]
+    warnings = [r.getMessage() for r in client if r.levelno >= logging.WARNING]
+    assert warnings == [
+        f"wcached: the daemon at {d.socket_path} now holds another fill of default; this process "
+        "keeps its weights without a lease (attach again to use the new fill)"
+    ]
+    assert a.watch.reattached == 0
+    with DaemonConnection(d.socket_path) as conn:
+        assert os.getpid() not in [c.pid for c in conn.status().clients]
 
 
 def test_a_daemon_that_refilled_in_another_layout_is_not_taken_for_the_same_memory(
@@ -293,22 +313,10 @@ def test_a_daemon_that_refilled_in_another_layout_is_not_taken_for_the_same_memo
             d.notify.close(keep_store=True)
             d = _up(after, store_from=d)
             assert "refilling default" in d.log(), d.log()
-            deadline = time.monotonic() + 20
-            while a.watch.watching and a.watch.reattached == 0:
-                assert time.monotonic() < deadline, [r.getMessage() for r in caplog.records]
-                time.sleep(0.05)
+            _not_taken_up(a, d, caplog)
         with attach("default", "cpu0", socket_dir=d.socket_dir, keep_lease=False) as new:
             assert new.manifest.key == a.manifest.key
             assert new.manifest != a.manifest
-        client = [r for r in caplog.records if r.name == "wcached.client"]
-        warnings = [r.getMessage() for r in client if r.levelno >= logging.WARNING]
-        assert warnings == [
-            f"wcached: the daemon at {d.socket_path} now holds another fill of default; this process "
-            "keeps its weights without a lease (attach again to use the new fill)"
-        ]
-        assert a.watch.reattached == 0
-        with DaemonConnection(d.socket_path) as conn:
-            assert os.getpid() not in [c.pid for c in conn.status().clients]
         assert all(torch.equal(as_bytes(a.tensors[n]), b) for n, b in kept.items())
     finally:
         a.close()
@@ -609,3 +617,45 @@ def test_of_two_lost_leases_the_one_due_first_is_tried_first() -> None:
     finally:
         watcher.remove(soon)  # type: ignore[arg-type]
         watcher.remove(later)  # type: ignore[arg-type]
+
+
+def test_a_lease_taken_up_again_keeps_its_client_name_and_key(work: Path, ckpt: Path) -> None:
+    """After a restart the daemon lists the re-attached engine under the name
+    it attached with (``wcached status``'s client column), and the lease
+    asks again with the key fields the engine required."""
+    cfg = tied_model_config(work, ckpt, "64KiB")
+    d = _up(cfg)
+    a = attach("default", "cpu0", socket_dir=d.socket_dir, client="engine-7", expect={"dtype": "auto"})
+    try:
+        assert a.watch.expect == {"dtype": "auto"}
+        with DaemonConnection(d.socket_path) as conn:
+            assert (os.getpid(), "engine-7") in [(c.pid, c.client) for c in conn.status().clients]
+        d = _restarted(d, cfg)
+        _wait_reattached(a)
+        with DaemonConnection(d.socket_path) as conn:
+            clients = [(c.pid, c.client) for c in conn.status().clients]
+        assert (os.getpid(), "engine-7") in clients, clients
+    finally:
+        a.close()
+        d.stop()
+        d.notify.close()
+
+
+def test_a_daemon_back_with_another_key_than_the_engine_required_is_not_taken_up(
+    work: Path, ckpt: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The engine attached requiring dtype "auto"; the daemon came back
+    casting to float32 (its reply to the lease is a mismatch): told once,
+    the weights kept without a lease, never re-attached to the other key."""
+    before = one_model_config(work, ckpt, segment_size="64KiB")
+    d = _up(before)
+    a = attach("default", "cpu0", socket_dir=d.socket_dir, expect={"dtype": "auto"})
+    after = one_model_config(work, ckpt, segment_size="64KiB", dtype="float32")
+    try:
+        with caplog.at_level(logging.INFO, "wcached.client"):
+            d = _restarted(d, after)
+            _not_taken_up(a, d, caplog)
+    finally:
+        a.close()
+        d.stop()
+        d.notify.close()

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import msgspec
+import pytest
 
 from wcached.keys import CacheKey
 from wcached.protocol.messages import (
@@ -198,6 +199,25 @@ def test_segments_of_two_backends_are_refused_naming_both(work: Path) -> None:
         r = _engine(work / "fake")
     assert r.returncode == 0, (r.returncode, r.stdout, r.stderr)
     assert "refused: segments of several backends: ['cuda', 'host']" in r.stdout, r.stdout
+
+
+def test_fewer_fds_than_segments_are_refused_and_the_ones_received_closed(work: Path) -> None:
+    """A daemon announcing one fd for a two-segment manifest: the engine
+    refuses it naming both counts, and does not keep the one fd it got (an
+    engine that keeps running must not hold memory it never mapped)."""
+    from tests.helpers import fds_opened_since, open_fds
+    from wcached.client import attach
+    from wcached.errors import ProtocolError
+
+    one = _manifest(4096, [_u8("w", 0, 16)])
+    two = msgspec.structs.replace(
+        one, segments=[one.segments[0], msgspec.structs.replace(one.segments[0], index=1)]
+    )
+    with _fake_daemon(work / "fake", lambda: _memfd(b"\7" * 4096), two):
+        before = open_fds()
+        with pytest.raises(ProtocolError, match=r"^1 fds for 2 segments$"):
+            attach("default", "cpu0", socket_dir=str(work / "fake"), timeout=5, keep_lease=False)
+    assert fds_opened_since(before) == {}  # the impostor's end of the socket closed too
 
 
 def test_the_callers_timeout_bounds_a_daemon_that_stalls(work: Path) -> None:

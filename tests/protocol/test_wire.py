@@ -10,7 +10,7 @@ import time
 import msgspec
 import pytest
 
-from tests.helpers import TEST_USER, fill_backlog, require_test_user, run_as
+from tests.helpers import TEST_USER, fds_opened_since, fill_backlog, open_fds, require_test_user, run_as
 from wcached.errors import DaemonUnavailable, FrameTooLarge, ProtocolError, TimeoutExpired
 from wcached.protocol.messages import Hello, Request, StatusRequest
 from wcached.protocol.wire import MAX_REQUEST_BYTES, Channel, Deadline, PeerClosed, close_fds, connect
@@ -114,10 +114,6 @@ def test_a_frame_of_exactly_the_limit_is_read(pair) -> None:
         Channel(b, Request).recv(len(body) - 1, frame_timeout=1)
 
 
-def _open_fds() -> set[int]:
-    return {int(n) for n in os.listdir("/proc/self/fd")}
-
-
 def _pipes(n: int) -> list[int]:
     fds = []
     for _ in range(n):
@@ -147,11 +143,11 @@ def test_a_bad_fd_batch_is_a_protocol_error_and_leaves_no_fd_open(pair, send, er
     closed: an engine that keeps running must not hold memory it never mapped."""
     a, b = pair
     fds = _pipes(300)
-    before = _open_fds()
+    before = open_fds()
     send(a, fds)
     with pytest.raises(ProtocolError, match=error):
         Channel(b, Request).recv_fds(300, timeout=2)
-    assert _open_fds() == before
+    assert fds_opened_since(before) == {}
     close_fds(fds)
 
 
@@ -163,24 +159,24 @@ def test_more_fds_in_a_batch_than_announced_is_a_protocol_error_and_leaves_no_fd
     a, b = pair
     whole, last = divmod(count, 253)
     fds = _pipes(253 * whole + last + 2)
-    before = _open_fds()
+    before = open_fds()
     for i in range(whole):
         socket.send_fds(a, [b"F"], fds[253 * i : 253 * (i + 1)])
     socket.send_fds(a, [b"F"], fds[253 * whole :])
     with pytest.raises(ProtocolError, match=r"^fd batch truncated \(RLIMIT_NOFILE too low\?\)$"):
         Channel(b, Request).recv_fds(count, timeout=2)
-    assert _open_fds() == before
+    assert fds_opened_since(before) == {}
     close_fds(fds)
 
 
 def test_fds_that_stop_coming_time_out_and_leave_no_fd_open(pair) -> None:
     a, b = pair
     fds = _pipes(2)
-    before = _open_fds()
+    before = open_fds()
     socket.send_fds(a, [b"F"], fds[:1])
     with pytest.raises(TimeoutExpired, match=r"waiting for fds \(1 of 2\)"):
         Channel(b, Request).recv_fds(2, timeout=0.2)
-    assert _open_fds() == before
+    assert fds_opened_since(before) == {}
     close_fds(fds)
 
 

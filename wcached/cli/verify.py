@@ -7,7 +7,8 @@ compares it with the manifest. For the safetensors loader it also reads each
 tensor from the checkpoint on disk (cast as the fill cast it) and compares: a
 checkpoint rewritten in place after the fill shows here, tensor by tensor.
 Every difference is printed; the exit status is 1 if there is any, 3 if a
-model had nothing that could be compared (never "ok").
+model had nothing that could be compared (never "ok"), 69 if no daemon
+answers on the instance's socket.
 """
 
 from __future__ import annotations
@@ -163,20 +164,13 @@ class HostBytes:
         from wcached.client.connection import DaemonConnection
         from wcached.errors import ProtocolError
         from wcached.memory.host import check_sealed
-        from wcached.protocol.messages import Attach, Attached
         from wcached.protocol.wire import close_fds
 
         self._conn = DaemonConnection(path, timeout, client="wcached verify")
         self._maps: list[mmap.mmap] = []
         try:
-            reply = self._conn.request(Attach(model=name))
-            if not isinstance(reply, Attached):
-                raise ProtocolError(f"expected attached, got {type(reply).__name__}")
-            fds = self._conn.chan.recv_fds(reply.fd_count, timeout=self._conn.timeout)
+            self.manifest, fds = self._conn.attach(name)
             try:
-                self.manifest = reply.manifest
-                if len(fds) != len(self.manifest.segments):  # as attach() refuses it
-                    raise ProtocolError(f"{len(fds)} fds for {len(self.manifest.segments)} segments")
                 for fd, seg in zip(fds, self.manifest.segments, strict=True):
                     if seg.backend != "host":
                         raise ProtocolError(

@@ -19,9 +19,9 @@ import wcached.memory.cuda
 import wcached.memory.host  # noqa: F401
 from wcached.client.connection import DaemonConnection, find_socket_dir, socket_path
 from wcached.client.lease import LeaseWatch
-from wcached.errors import KeyMismatch, ProtocolError
+from wcached.errors import ProtocolError
 from wcached.memory import get_backend
-from wcached.protocol.messages import Attach, Attached, Manifest, Mismatch, TensorRun
+from wcached.protocol.messages import Manifest, TensorRun
 from wcached.protocol.runs import runs_of
 from wcached.protocol.wire import close_fds
 
@@ -99,16 +99,8 @@ def attach(
     conn = DaemonConnection(path, timeout=timeout, client=client)
     try:
         with _gc_paused():
-            reply = conn.request(Attach(model=model, expect=dict(expect or {})))
-        if isinstance(reply, Mismatch):
-            raise KeyMismatch(reply.message, reply.fields)
-        if not isinstance(reply, Attached):
-            raise ProtocolError(f"expected attached, got {type(reply).__name__}")
-        fds = conn.chan.recv_fds(reply.fd_count, timeout=timeout)
+            manifest, fds = conn.attach(model, expect)
         try:
-            manifest = reply.manifest
-            if len(fds) != len(manifest.segments):
-                raise ProtocolError(f"{len(fds)} fds for {len(manifest.segments)} segments")
             backends = {s.backend for s in manifest.segments}
             if len(backends) != 1:
                 raise ProtocolError(f"segments of several backends: {sorted(backends)}")

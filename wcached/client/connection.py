@@ -14,13 +14,23 @@ import msgspec
 
 from wcached import defaults
 from wcached.device import instance_id_for
-from wcached.errors import Busy, PermissionRefused, ProtocolError, VersionMismatch, error_for_code
+from wcached.errors import (
+    Busy,
+    KeyMismatch,
+    PermissionRefused,
+    ProtocolError,
+    VersionMismatch,
+    error_for_code,
+)
 from wcached.protocol.messages import (
     MIN_PROTOCOL_VERSION,
     PROTOCOL_VERSION,
+    Attach,
     Attached,
     ErrorReply,
     Hello,
+    Manifest,
+    Mismatch,
     Release,
     Released,
     Reply,
@@ -29,7 +39,7 @@ from wcached.protocol.messages import (
     Welcome,
 )
 from wcached.protocol.runs import received
-from wcached.protocol.wire import MAX_REPLY_BYTES, Channel, PeerClosed, connect, prepare_decoding
+from wcached.protocol.wire import MAX_REPLY_BYTES, Channel, PeerClosed, close_fds, connect, prepare_decoding
 
 # At import (an engine imports its loader plugin long before it attaches).
 prepare_decoding(Reply)
@@ -192,6 +202,24 @@ class DaemonConnection:
         if not isinstance(reply, StatusReply):
             raise ProtocolError(f"expected status_reply, got {type(reply).__name__}")
         return reply
+
+    def attach(self, model: str, expect: dict[str, str | int] | None = None) -> tuple[Manifest, list[int]]:
+        """Ask for ``model``'s memory: its manifest and one fd per segment,
+        the caller's to close. A cache key that differs from ``expect``
+        raises :class:`KeyMismatch` naming the fields; any other reply, or
+        fds that are not one per segment, is a protocol error (with every fd
+        received closed). Every client that attaches (an engine, its lease,
+        ``wcached verify``) asks through here."""
+        reply = self.request(Attach(model=model, expect=dict(expect or {})))
+        if isinstance(reply, Mismatch):
+            raise KeyMismatch(reply.message, reply.fields)
+        if not isinstance(reply, Attached):
+            raise ProtocolError(f"expected attached, got {type(reply).__name__}")
+        fds = self.chan.recv_fds(reply.fd_count, timeout=self.timeout)
+        if len(fds) != len(reply.manifest.segments):
+            close_fds(fds)
+            raise ProtocolError(f"{len(fds)} fds for {len(reply.manifest.segments)} segments")
+        return reply.manifest, fds
 
     def release(self, model: str) -> Released:
         reply = self.request(Release(model=model))

@@ -33,12 +33,12 @@ from typing import TYPE_CHECKING
 from wcached.errors import (
     Busy,
     DaemonUnavailable,
+    KeyMismatch,
     ProtocolError,
     TimeoutExpired,
     VersionMismatch,
     WcacheError,
 )
-from wcached.protocol.messages import Attach, Attached
 from wcached.protocol.wire import close_fds
 
 if TYPE_CHECKING:
@@ -131,11 +131,12 @@ class LeaseWatch:
             # process's other leases, which this same thread follows.
             timeout = min(self.attachment.connection.timeout, REATTACH_TIMEOUT_S)
             conn = DaemonConnection(path, timeout=timeout, client=self.client)
-            reply = conn.request(Attach(model=name, expect=self.expect))
-            same = False
-            if isinstance(reply, Attached):
-                close_fds(conn.chan.recv_fds(reply.fd_count, timeout=conn.timeout))
-                same = reply.manifest == self.attachment.manifest
+            try:
+                manifest, fds = conn.attach(name, self.expect)
+                close_fds(fds)  # the memory mapped at the first attach is what the lease keeps
+                same = manifest == self.attachment.manifest
+            except KeyMismatch:
+                same = False  # another fill: said below, no retry fixes it
         except (OSError, WcacheError) as e:
             if conn is not None:
                 conn.close()
