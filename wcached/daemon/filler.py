@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -46,6 +47,11 @@ log = logging.getLogger("wcached.fill")
 # How often the daemon wakes while the worker is silent (to ping the watchdog,
 # extend the start timeout and notice SIGTERM).
 POLL_S = 1.0
+# How long the worker may take to finish a message it started, to send the
+# fds it announced, and to exit once it said it is done.
+WORKER_IO_TIMEOUT_S = 60.0
+# How long a worker that closed its connection may take to exit.
+WORKER_EXIT_WAIT_S = 10.0
 
 
 class FillAborted(Exception):
@@ -133,13 +139,21 @@ def _fill_in_one_worker(
         while True:
             if should_stop():
                 raise FillAborted()
-            try:
-                msg = chan.recv(MAX_REPLY_BYTES, idle_timeout=POLL_S, frame_timeout=60.0)
-            except TimeoutExpired:
+            if not _readable(parent, POLL_S):  # silence: the worker is busy
                 on_tick(current, done, totals.get(current, 0))
                 if current in by_name:
                     _check_stall(by_name[current], time.monotonic() - last_progress)
                 continue
+            try:
+                msg = chan.recv(
+                    MAX_REPLY_BYTES, idle_timeout=WORKER_IO_TIMEOUT_S, frame_timeout=WORKER_IO_TIMEOUT_S
+                )
+            except TimeoutExpired:
+                # Not silence between messages: a message begun and not
+                # finished (the worker is stuck, or writing garbage).
+                raise FillStalled(
+                    f"the loader worker stopped in the middle of a message for {WORKER_IO_TIMEOUT_S:.0f} s"
+                ) from None
             except (PeerClosed, OSError):
                 raise _worker_death(proc, ooms_before) from None
             last_progress = time.monotonic()
@@ -149,7 +163,13 @@ def _fill_in_one_worker(
                     totals[current] = msg.total_bytes
                 on_tick(current, done, totals.get(current, 0))
             elif isinstance(msg, ModelFilled):
-                fds = chan.recv_fds(msg.fd_count, timeout=60.0)
+                try:
+                    fds = chan.recv_fds(msg.fd_count, timeout=WORKER_IO_TIMEOUT_S)
+                except TimeoutExpired:
+                    raise FillStalled(
+                        f"the loader worker announced {msg.fd_count} fd(s) of model {msg.manifest.model!r} "
+                        f"and did not send them within {WORKER_IO_TIMEOUT_S:.0f} s"
+                    ) from None
                 m = msg.manifest
                 log.info(
                     "filled %s: %d tensors, %.2f GB in %d segment(s) in %.2f s (%s)",
@@ -167,7 +187,12 @@ def _fill_in_one_worker(
                 raise error_for_code(msg.code, msg.message) from None
             elif isinstance(msg, FillDone):
                 break
-        rc = proc.wait(timeout=60)
+        try:
+            rc = proc.wait(timeout=WORKER_IO_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise WorkerDied(
+                f"loader worker did not exit within {WORKER_IO_TIMEOUT_S:.0f} s after filling"
+            ) from None
         if rc != 0:
             raise WorkerDied(f"loader worker exited with status {rc} after filling")
     except BaseException:
@@ -177,6 +202,14 @@ def _fill_in_one_worker(
         raise
     finally:
         parent.close()
+
+
+def _readable(sock: socket.socket, timeout: float) -> bool:
+    """Whether ``sock`` has something to read (or was closed) within
+    ``timeout`` seconds; poll(2), which any fd number suits."""
+    p = select.poll()
+    p.register(sock, select.POLLIN)
+    return bool(p.poll(timeout * 1000))
 
 
 def _check_stall(model: ModelConfig, idle_s: float) -> None:
@@ -207,7 +240,7 @@ def _worker_death(proc: subprocess.Popen, ooms_before: int | None) -> FillError:
     more oom_kill) is out of memory; anything else is a worker that died.
     Both are retried by the unit; neither says the checkpoint is bad."""
     try:
-        rc = proc.wait(timeout=10)
+        rc = proc.wait(timeout=WORKER_EXIT_WAIT_S)
     except subprocess.TimeoutExpired:
         return WorkerDied("loader worker closed its connection without reporting")
     if rc < 0:
