@@ -15,6 +15,7 @@ import textwrap
 import msgspec
 import pytest
 
+from tests.helpers import fds_opened_since, open_fds
 from wcached.daemon import fdstore
 from wcached.daemon.fdstore import (
     FORMAT,
@@ -199,7 +200,7 @@ def test_a_record_reads_back_as_written_from_a_sealed_memfd() -> None:
 
 
 def test_a_record_that_cannot_be_sealed_leaves_no_fd(monkeypatch) -> None:
-    before = set(os.listdir("/proc/self/fd"))
+    before = open_fds()
 
     def refuse(*args):
         raise OSError("no seals here")
@@ -207,7 +208,7 @@ def test_a_record_that_cannot_be_sealed_leaves_no_fd(monkeypatch) -> None:
     monkeypatch.setattr(fdstore.fcntl, "fcntl", refuse)
     with pytest.raises(OSError, match="no seals here"):
         write_record(_record())
-    assert set(os.listdir("/proc/self/fd")) == before
+    assert fds_opened_since(before) == {}
 
 
 @pytest.mark.parametrize(
@@ -243,10 +244,6 @@ def test_a_record_of_over_a_gibibyte_is_refused_unread() -> None:
 
 
 # -- what the store handed back, by model ------------------------------------
-
-
-def _open_fds() -> set[str]:
-    return set(os.listdir("/proc/self/fd"))
 
 
 def test_stored_fds_are_grouped_by_model_and_the_rest_closed() -> None:
@@ -294,7 +291,7 @@ def test_stored_fds_are_grouped_by_model_and_the_rest_closed() -> None:
 
 
 def test_a_stored_entry_closes_once_whatever_is_asked_again() -> None:
-    before = _open_fds()
+    before = open_fds()
     entry = StoredEntry("m", record_fd=os.open("/dev/null", os.O_RDONLY))
     entry.segment_fds = {0: os.open("/dev/null", os.O_RDONLY)}
     entry.close_record()
@@ -302,10 +299,10 @@ def test_a_stored_entry_closes_once_whatever_is_asked_again() -> None:
     entry.close_record()
     entry.close()
     assert (entry.record_fd, entry.segment_fds) == (None, {})
-    assert _open_fds() == before
+    assert fds_opened_since(before) == {}
     entry.close()
     entry.close_record()
-    assert _open_fds() == before
+    assert fds_opened_since(before) == {}
 
 
 # -- what is sent to systemd, within the budget -------------------------------
@@ -330,7 +327,7 @@ def test_a_model_is_stored_record_first_each_send_waited_for(monkeypatch) -> Non
     notifier = FakeNotifier()
     store = FdStore(notifier, limit=3)  # type: ignore[arg-type]
     segs = [os.open("/dev/null", os.O_RDONLY) for _ in range(2)]
-    before = _open_fds()
+    before = open_fds()
     store.store(_record(segments=2), segs)
     assert notifier.sent == [
         (("FDSTORE=1", "FDNAME=wcache1/m/manifest"), 1, True),
@@ -338,7 +335,7 @@ def test_a_model_is_stored_record_first_each_send_waited_for(monkeypatch) -> Non
         (("FDSTORE=1", "FDNAME=wcache1/m/seg1"), 1, True),
     ]
     assert store.holds("m") and store.used == 3
-    assert _open_fds() == before  # the record's memfd is systemd's now, not ours
+    assert fds_opened_since(before) == {}  # the record's memfd is systemd's now, not ours
     # Stored again (a refill): the old entries leave first, waited for too.
     notifier.sent.clear()
     store.store(_record(segments=2), segs)
@@ -370,7 +367,7 @@ def test_a_send_systemd_refuses_takes_back_what_was_sent(monkeypatch) -> None:
     monkeypatch.delenv("FDSTORE", raising=False)
     notifier = FakeNotifier(refuse=("wcache1/m/seg1",))
     store = FdStore(notifier, limit=10)  # type: ignore[arg-type]
-    before = _open_fds()
+    before = open_fds()
     segs = [os.open("/dev/null", os.O_RDONLY) for _ in range(3)]
     with pytest.raises(
         NotKept, match=r"^systemd's notify socket did not take wcache1/m/seg1 \(see the lines above\)$"
@@ -383,7 +380,7 @@ def test_a_send_systemd_refuses_takes_back_what_was_sent(monkeypatch) -> None:
     assert not store.holds("m") and store.used == 0
     for fd in segs:
         os.close(fd)
-    assert _open_fds() == before
+    assert fds_opened_since(before) == {}
 
 
 def test_names_whose_removal_did_not_reach_systemd_stay_counted(monkeypatch) -> None:

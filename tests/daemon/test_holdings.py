@@ -11,18 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, NotifyListener
+from tests.daemon.inprocess import DEVICE, fill
+from tests.helpers import REPO, NotifyListener, fds_opened_since, open_fds
 from wcached.daemon.fdstore import UNIT_FDSTORE_MAX, FdStore, fd_name
 from wcached.daemon.holdings import Holdings
 from wcached.daemon.state import HeldModel
 from wcached.daemon.systemd import Notifier
-from wcached.device import resolve_instance
 from wcached.errors import ModelReleased, UnknownModel
 from wcached.loaders.base import get_loader
 from wcached.loaders.safetensors import SafetensorsModel
 from wcached.memory.host import HostBackend
-
-DEVICE = resolve_instance("cpu0")
 
 
 @pytest.fixture
@@ -47,15 +45,6 @@ def _holdings(listener: NotifyListener, *models, limit: int | None = None) -> Ho
     return Holdings(models, DEVICE, store, python="")
 
 
-def _fill(h: Holdings) -> None:
-    """What the service does: provenance, then the worker's fills, one by one."""
-    todo = h.to_fill()
-    h.begin_fill(todo)
-    for m in todo:
-        filled = get_loader("safetensors").fill(m, HostBackend(), DEVICE.instance_id, lambda *a: None)
-        h.filled(HeldModel(filled.manifest, filled.fds, filled.fill_seconds))
-
-
 def _listened(listener: NotifyListener) -> list[tuple[str, int]]:
     """The store as the next start gets it (LISTEN_FDS: its own copies)."""
     listener.drain()
@@ -69,7 +58,7 @@ def _states(h: Holdings) -> dict[str, str]:
 def test_filled_models_are_held_and_kept_record_first(listener: NotifyListener, ckpt: Path) -> None:
     h = _holdings(listener, _model(ckpt))
     assert _states(h) == {"default": "configured"}
-    _fill(h)
+    fill(h)
     assert _states(h) == {"default": "held"}
     segments = len(h.get("default").manifest.segments)
     assert listener.stored_names() == [fd_name("default", "manifest")] + [
@@ -102,7 +91,7 @@ def test_a_later_failure_costs_only_the_failing_model(listener: NotifyListener, 
 
 def test_restore_of_an_unchanged_fill(listener: NotifyListener, ckpt: Path) -> None:
     h = _holdings(listener, _model(ckpt))
-    _fill(h)
+    fill(h)
     manifest = h.get("default").manifest
     h.close()
     again = _holdings(listener, _model(ckpt))
@@ -121,7 +110,7 @@ def test_a_record_of_an_unparsed_size_matches_the_parsed_setting(
     """A record written with segment_size as the operator spelled it (older
     daemons) is compared parsed: "64KiB" is 65536."""
     h = _holdings(listener, SafetensorsModel(name="default", path=str(ckpt), segment_size="64KiB"))
-    _fill(h)
+    fill(h)
     h.close()
     again = _holdings(listener, _model(ckpt))
     again.restore(_listened(listener))
@@ -131,7 +120,7 @@ def test_a_record_of_an_unparsed_size_matches_the_parsed_setting(
 
 def test_a_changed_checkpoint_is_stale_and_leaves_the_store(listener: NotifyListener, ckpt: Path) -> None:
     h = _holdings(listener, _model(ckpt))
-    _fill(h)
+    fill(h)
     h.close()
     shard = sorted(ckpt.glob("*.safetensors"))[0]
     os.utime(shard, ns=(shard.stat().st_atime_ns, shard.stat().st_mtime_ns + 1))
@@ -145,7 +134,7 @@ def test_a_changed_checkpoint_is_stale_and_leaves_the_store(listener: NotifyList
 
 def test_an_absent_checkpoint_is_away_not_changed(listener: NotifyListener, ckpt: Path) -> None:
     h = _holdings(listener, _model(ckpt))
-    _fill(h)
+    fill(h)
     h.close()
     stored = listener.stored_names()
     away = ckpt.with_name("ckpt.away")
@@ -166,7 +155,7 @@ def test_an_absent_checkpoint_is_away_not_changed(listener: NotifyListener, ckpt
 
 def test_a_record_without_its_segments_is_stale(listener: NotifyListener, ckpt: Path) -> None:
     h = _holdings(listener, _model(ckpt))
-    _fill(h)
+    fill(h)
     h.close()
     listened = _listened(listener)
     (seg1,) = [fd for name, fd in listened if name == fd_name("default", "seg1")]
@@ -184,7 +173,7 @@ def test_a_record_without_its_segments_is_stale(listener: NotifyListener, ckpt: 
 
 def test_stored_models_no_longer_configured_leave_the_store(listener: NotifyListener, ckpt: Path) -> None:
     h = _holdings(listener, _model(ckpt, "gone"))
-    _fill(h)
+    fill(h)
     h.close()
     again = _holdings(listener, _model(ckpt))
     again.restore(_listened(listener))
@@ -194,7 +183,7 @@ def test_stored_models_no_longer_configured_leave_the_store(listener: NotifyList
 
 def test_release_leaves_the_store(listener: NotifyListener, ckpt: Path) -> None:
     h = _holdings(listener, _model(ckpt))
-    _fill(h)
+    fill(h)
     assert listener.stored_names()
     h.release("default")
     assert _states(h) == {"default": "released"}
@@ -210,7 +199,7 @@ def test_a_model_over_the_budget_is_held_not_stored(
 ) -> None:
     h = _holdings(listener, _model(ckpt), limit=3)
     with caplog.at_level(logging.WARNING, "wcached.holdings"):
-        _fill(h)
+        fill(h)
     assert _states(h) == {"default": "held"}  # served all the same
     assert listener.stored_names() == []  # none of it: not a part that systemd would cut
     (line,) = [(text, model) for level, text, model in _journal(caplog) if level == "WARNING"]
@@ -227,7 +216,7 @@ def test_the_budget_counts_models_already_in_the_store(listener: NotifyListener,
     store = FdStore(Notifier({"NOTIFY_SOCKET": listener.path}), limit=5)
     store.adopt("restored", ["a", "b", "c"])
     h = Holdings([_model(ckpt)], DEVICE, store, python="")
-    _fill(h)  # 3 segments + a record do not fit beside 3 stored fds
+    fill(h)  # 3 segments + a record do not fit beside 3 stored fds
     assert listener.stored_names() == []
     h.close()
 
@@ -258,7 +247,7 @@ def test_a_loader_environment_that_cannot_be_told_now_is_away(
     from wcached.loaders.base import EnvironmentUnknown
 
     h = _holdings(listener, _model(ckpt))
-    _fill(h)
+    fill(h)
     h.close()
     stored = listener.stored_names()
 
@@ -281,7 +270,7 @@ def test_refilling_a_model_whose_old_fill_is_in_the_store_replaces_it(
     """An away model comes back changed: the fill's store replaces the old
     entries (one set of names, the budget counting it once)."""
     h = _holdings(listener, _model(ckpt))
-    _fill(h)
+    fill(h)
     h.close()
     shard = sorted(ckpt.glob("*.safetensors"))[0]
     away = ckpt.with_name("ckpt.away")
@@ -291,7 +280,7 @@ def test_refilling_a_model_whose_old_fill_is_in_the_store_replaces_it(
     assert _states(again) == {"default": "away"}
     away.rename(ckpt)
     os.utime(shard, ns=(shard.stat().st_atime_ns, shard.stat().st_mtime_ns + 1))
-    _fill(again)  # (the daemon would exit 69 first; its retry fills like this)
+    fill(again)  # (the daemon would exit 69 first; its retry fills like this)
     names = listener.stored_names()
     assert len(names) == len(set(names)) == again.store.used
     again.close()
@@ -302,7 +291,7 @@ def test_a_name_stored_twice_is_served_from_neither(listener: NotifyListener, ck
     name. Which is whose cannot be told, so the model is refilled (and both
     leave the store, as systemd removes every fd of a name)."""
     h = _holdings(listener, _model(ckpt))
-    _fill(h)
+    fill(h)
     h.close()
     listened = _listened(listener)
     name, fd = listened[-1]
@@ -328,11 +317,7 @@ def _journal(caplog: pytest.LogCaptureFixture) -> list[tuple[str, str, str | Non
 
 
 def _fill_with_phases(h: Holdings) -> None:
-    todo = h.to_fill()
-    h.begin_fill(todo)
-    for m in todo:
-        filled = get_loader("safetensors").fill(m, HostBackend(), DEVICE.instance_id, lambda *a: None)
-        h.filled(HeldModel(filled.manifest, filled.fds, 1.5, phases={"read": 0.75}, read_bytes=4321))
+    fill(h, lambda f: HeldModel(f.manifest, f.fds, 1.5, phases={"read": 0.75}, read_bytes=4321))
 
 
 def test_a_fill_and_its_restore_say_what_they_did_in_the_journal(
@@ -390,7 +375,7 @@ def test_a_changed_checkpoint_says_it_is_refilled_and_why(
     listener: NotifyListener, ckpt: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     h = _holdings(listener, _model(ckpt))
-    _fill(h)
+    fill(h)
     h.close()
     shard = sorted(ckpt.glob("*.safetensors"))[0]
     os.utime(shard, ns=(shard.stat().st_atime_ns, shard.stat().st_mtime_ns + 1))
@@ -406,7 +391,7 @@ def test_an_absent_checkpoint_says_its_fill_stays_stored_and_it_is_filled_again(
     listener: NotifyListener, ckpt: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     h = _holdings(listener, _model(ckpt))
-    _fill(h)
+    fill(h)
     h.close()
     ckpt.rename(ckpt.with_name("ckpt.away"))
     again = _holdings(listener, _model(ckpt), _model(ckpt, "other"))
@@ -429,11 +414,11 @@ def test_stored_models_of_no_configured_name_and_unknown_names_are_dropped_sayin
     listener: NotifyListener, ckpt: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     h = _holdings(listener, _model(ckpt, "gone"))
-    _fill(h)
+    fill(h)
     h.close()
     listened = _listened(listener)
     again = _holdings(listener, _model(ckpt))
-    before = set(os.listdir("/proc/self/fd"))
+    before = open_fds()
     strangers = [
         ("foreign/x/seg0", os.open("/dev/null", os.O_RDONLY)),
         ("wcache1/gone/segx", os.open("/dev/null", os.O_RDONLY)),
@@ -458,7 +443,7 @@ def test_stored_models_of_no_configured_name_and_unknown_names_are_dropped_sayin
     ]
     assert removed[:2] == ["foreign/x/seg0", "wcache1/gone/segx"]
     assert set(removed[2:]) == {name for name, _ in listened}
-    assert set(os.listdir("/proc/self/fd")) <= before  # every fd handed over is closed
+    assert fds_opened_since(before) == {}  # every fd handed over is closed
     assert again.store.used == 0
 
 
@@ -466,7 +451,7 @@ def test_a_stored_record_that_is_not_usable_is_stale_naming_why(listener: Notify
     from wcached.daemon.fdstore import read_record, write_record
 
     h = _holdings(listener, _model(ckpt))
-    _fill(h)
+    fill(h)
     h.close()
     listened = _listened(listener)
     (record_fd,) = [fd for name, fd in listened if name == fd_name("default", "manifest")]
@@ -508,7 +493,7 @@ def test_asking_for_a_model_not_served_names_those_that_are(listener: NotifyList
     h = _holdings(listener, _model(ckpt), _model(ckpt, "second"))
     with pytest.raises(UnknownModel, match=r"^no model 'x' on cpu0 \(serving: none\)$"):
         h.get("x")
-    _fill(h)
+    fill(h)
     with pytest.raises(UnknownModel, match=r"^no model 'x' on cpu0 \(serving: default, second\)$"):
         h.get("x")
     h.release("default")
@@ -519,7 +504,7 @@ def test_asking_for_a_model_not_served_names_those_that_are(listener: NotifyList
 def test_a_restored_model_released_leaves_the_store(listener: NotifyListener, ckpt: Path) -> None:
     """What the store adopted at start is the model's: its release removes it."""
     h = _holdings(listener, _model(ckpt))
-    _fill(h)
+    fill(h)
     h.close()
     again = _holdings(listener, _model(ckpt))
     again.restore(_listened(listener))
@@ -572,7 +557,7 @@ def test_the_environment_is_the_workers_interpreters_at_fill_and_at_restore(
     monkeypatch.setattr(provenance, "get_loader", lambda name: _EchoPython())
     store = FdStore(Notifier({"NOTIFY_SOCKET": listener.path}))
     h = Holdings([_model(ckpt)], DEVICE, store, python="/venv-a/bin/python")
-    _fill(h)
+    fill(h)
     h.close()
     listened = _listened(listener)
     (record_fd,) = [fd for name, fd in listened if name == fd_name("default", "manifest")]
@@ -608,7 +593,7 @@ def test_a_fill_whose_provenance_cannot_be_taken_is_filled_but_not_stored_saying
     monkeypatch.setattr(provenance, "get_loader", lambda name: Unreachable())
     h = _holdings(listener, _model(ckpt))
     with caplog.at_level(logging.WARNING, "wcached.holdings"):
-        _fill(h)
+        fill(h)
     assert _states(h) == {"default": "held"}
     assert listener.stored_names() == []
     assert _journal(caplog) == [

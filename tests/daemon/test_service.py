@@ -1,7 +1,10 @@
-"""A real daemon process over a real Unix socket."""
+"""A real daemon process over a real Unix socket; and, at the end, the
+service's main loop, metrics and fill in this process."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import pwd
 import re
@@ -17,12 +20,15 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.daemon.inprocess import DEVICE, filled_holdings, open_policy, settings_for, until
 from tests.helpers import (
+    NotifyListener,
     as_bytes,
     load_reference,
     one_model_config,
@@ -33,7 +39,23 @@ from tests.helpers import (
     write_sharded,
 )
 from wcached.client import attach
-from wcached.errors import EX_CONFIG, EX_DATAERR, EX_SOFTWARE, EX_TEMPFAIL, EX_UNAVAILABLE, DaemonUnavailable
+from wcached.client.connection import DaemonConnection
+from wcached.config import ConfigError
+from wcached.daemon.server import Server
+from wcached.daemon.service import Service
+from wcached.daemon.systemd import Notifier
+from wcached.errors import (
+    EX_CONFIG,
+    EX_DATAERR,
+    EX_SOFTWARE,
+    EX_TEMPFAIL,
+    EX_UNAVAILABLE,
+    DaemonUnavailable,
+    OutOfMemory,
+    UnknownModel,
+)
+from wcached.loaders.safetensors import SafetensorsModel
+from wcached.protocol.wire import close_fds
 
 
 def test_every_tensor_bit_exact_with_load_file(cpu_config: Path, sharded_ckpt: Path) -> None:
@@ -522,20 +544,6 @@ def test_a_worker_that_dies_before_its_job_is_retried(work: Path, sharded_ckpt: 
     assert "loader worker exited with status 3" in log and "Traceback" not in log, log
 
 
-def test_oom_kills_reads_the_cgroups_count(tmp_path: Path) -> None:
-    from wcached.daemon.filler import oom_kills
-
-    proc = tmp_path / "proc"
-    proc.mkdir()
-    (proc / "cgroup").write_text("0::/system.slice/system-wcached.slice/wcached@0.service\n")
-    group = tmp_path / "cg" / "system.slice" / "system-wcached.slice" / "wcached@0.service"
-    group.mkdir(parents=True)
-    (group / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 2\noom_kill 2\noom_group_kill 0\n")
-    assert oom_kills(str(proc), str(tmp_path / "cg")) == 2
-    (group / "memory.events").unlink()
-    assert oom_kills(str(proc), str(tmp_path / "cg")) is None
-
-
 def test_a_socket_dir_the_daemons_user_cannot_write_gets_a_fix_that_works(work: Path, sharded_ckpt) -> None:
     """root's directory, a daemon running as nobody: exit 78 with the fix,
     not "Permission denied ... a bug"; and the fix applied, it starts."""
@@ -573,24 +581,363 @@ def test_a_socket_dir_the_daemons_user_cannot_write_gets_a_fix_that_works(work: 
         proc.wait(15)
 
 
-def test_a_worker_the_oom_killer_took_is_out_of_memory_another_signal_a_dead_worker(monkeypatch) -> None:
-    """The cgroup's oom_kill count decides: one more than before the fill is
-    out of memory (75, retried with a growing delay), none more is a worker
-    that died (70). Neither is ever "corrupt"."""
-    from wcached.daemon import filler
-    from wcached.errors import OutOfMemory, WorkerDied
+# -- the service's parts in this process ------------------------------------------
+#
+# The tests above run the daemon as the unit does; these hold a Service over a
+# model filled in this process, so that each rule of its main loop, its
+# metrics and its fill is stated on its own and checked in a second or less.
 
-    class Killed:
-        def wait(self, timeout: float) -> int:
-            return -signal.SIGKILL
 
-    monkeypatch.setattr(filler, "oom_kills", lambda: 3)
-    err = filler._worker_death(Killed(), ooms_before=2)
-    assert type(err) is OutOfMemory and err.exit_status == 75
-    assert "out-of-memory killer (SIGKILL)" in str(err)
-    err = filler._worker_death(Killed(), ooms_before=3)
-    assert type(err) is WorkerDied and err.exit_status == 70
-    assert "killed by SIGKILL (the out-of-memory killer?" in str(err)
-    # Where the count cannot be read, the signal alone decides nothing more.
-    monkeypatch.setattr(filler, "oom_kills", lambda: None)
-    assert type(filler._worker_death(Killed(), ooms_before=2)) is WorkerDied
+@contextlib.contextmanager
+def _looping(
+    work: Path, sharded_ckpt: Path, listener: NotifyListener | None = None, **settings: object
+) -> Iterator[Service]:
+    """A Service serving (its notifier talking to ``listener``), its main loop
+    in a thread, stopped by SIGTERM as the unit stops it."""
+    service = Service(settings_for(work / "run", **settings), DEVICE, open_policy())
+    env = {"NOTIFY_SOCKET": listener.path} if listener else {}
+    service.notifier = Notifier({**env, **{k: v for k, v in os.environ.items() if k == "WATCHDOG_USEC"}})
+    service.holdings = filled_holdings(Path(shutil.copytree(sharded_ckpt, work / "ckpt")))
+    (work / "run").mkdir()
+    service._open_metrics()
+    service.server = Server(service.settings, DEVICE, service.holdings, open_policy(), service.metrics)
+    service.server.bind()
+    service._write_textfile()
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    loop = threading.Thread(target=service._loop, args=(wake_r,), daemon=True)
+    loop.start()
+    try:
+        yield service
+    finally:
+        service.stop_signal = signal.SIGTERM
+        os.write(wake_w, b"x")
+        loop.join(10)
+        assert not loop.is_alive()
+        service.server.close()
+        service.holdings.close()
+        service._close_metrics()
+        os.close(wake_r)
+        os.close(wake_w)
+
+
+def _statuses(listener: NotifyListener) -> list[str]:
+    listener.drain()
+    return [m.removeprefix("STATUS=") for m in listener.messages if m.startswith("STATUS=")]
+
+
+def test_the_status_line_is_sent_when_it_changes_only(work: Path, sharded_ckpt: Path, caplog) -> None:
+    """An attach changes the line (one more client); a status query or an
+    error reply changes nothing it says, so nothing is sent for them."""
+    listener = NotifyListener(work)
+    try:
+        with caplog.at_level(logging.INFO, "wcached"), _looping(work, sharded_ckpt, listener) as service:
+            path = service.settings.socket_path
+            with DaemonConnection(path) as engine:
+                close_fds(engine.attach("default")[1])
+                gib = service.holdings.get("default").manifest.total_bytes / 2**30
+                one = f"serving 1 model(s), {gib:.2f} GiB, 1 client(s)"
+                assert until(lambda: one in _statuses(listener)), _statuses(listener)
+                with DaemonConnection(path) as other:
+                    other.status()
+                    with pytest.raises(UnknownModel):
+                        other.attach("nope")
+                time.sleep(0.3)
+            none = f"serving 1 model(s), {gib:.2f} GiB, 0 client(s)"
+            assert until(lambda: none in _statuses(listener)), _statuses(listener)
+        assert _statuses(listener) == [one, none]
+        assert "received SIGTERM, stopping" in caplog.text
+    finally:
+        listener.close()
+
+
+def test_the_textfile_is_rewritten_once_per_burst_of_changes_and_refreshed_when_idle(
+    work: Path, sharded_ckpt: Path, monkeypatch
+) -> None:
+    """Changes within METRICS_MIN_INTERVAL_S of a write are written together
+    once it has passed; with no change the file is still rewritten every
+    METRICS_REFRESH_S (its mtime says the daemon is alive)."""
+    from wcached.daemon import metrics
+    from wcached.daemon import service as service_mod
+
+    (work / "prom").mkdir()
+    writes: list[float] = []
+    real = metrics.Metrics.write_textfile
+
+    def counted(self, path: str) -> None:
+        writes.append(time.monotonic())
+        real(self, path)
+
+    monkeypatch.setattr(metrics.Metrics, "write_textfile", counted)
+    monkeypatch.setattr(service_mod, "METRICS_MIN_INTERVAL_S", 0.5)
+    monkeypatch.setattr(service_mod, "METRICS_REFRESH_S", 30.0)
+    with _looping(work, sharded_ckpt, metrics_dir=str(work / "prom")) as service:
+        assert len(writes) == 1  # serving: written at once
+        textfile = work / "prom" / "wcached-cpu0.prom"
+        with DaemonConnection(service.settings.socket_path) as engine:
+            for _ in range(5):
+                close_fds(engine.attach("default")[1])
+            assert until(lambda: len(writes) == 2)
+            lines = textfile.read_text().splitlines()
+            ok = next(x for x in lines if x.startswith("wcached_attaches_total{") and 'result="ok"' in x)
+            assert ok.endswith(" 5.0"), ok
+            time.sleep(0.7)
+        assert len(writes) == 2, "five attaches within the interval: one write"
+        assert writes[1] - writes[0] >= 0.5
+        assert until(lambda: len(writes) == 3)  # the client that left
+        monkeypatch.setattr(service_mod, "METRICS_REFRESH_S", 0.3)
+        assert until(lambda: len(writes) >= 5, seconds=3), "no refresh while idle"
+    assert not textfile.exists()  # a stopped instance's file goes
+
+
+def test_a_textfile_that_cannot_be_written_is_said_once_per_streak(
+    work: Path, sharded_ckpt: Path, monkeypatch, caplog
+) -> None:
+    from wcached.daemon import metrics
+
+    (work / "prom").mkdir()
+    service = Service(settings_for(work / "run", metrics_dir=str(work / "prom")), DEVICE, open_policy())
+    service._open_metrics()
+    failing = [True, True, False, True]
+    real = metrics.Metrics.write_textfile
+
+    def flaky(self, path: str) -> None:
+        if failing.pop(0):
+            raise OSError(28, "No space left on device")
+        real(self, path)
+
+    monkeypatch.setattr(metrics.Metrics, "write_textfile", flaky)
+    with caplog.at_level(logging.INFO, "wcached.service"):
+        for _ in range(4):
+            service._write_textfile()
+    textfile = str(work / "prom" / "wcached-cpu0.prom")
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("WARNING", f"cannot write metrics to {textfile}: [Errno 28] No space left on device"),
+        ("INFO", f"writing metrics to {textfile} again"),
+        ("WARNING", f"cannot write metrics to {textfile}: [Errno 28] No space left on device"),
+    ]
+    assert os.path.exists(textfile)  # the write between the streaks
+    service._close_metrics()
+    assert not os.path.exists(textfile)
+
+
+def test_a_stale_textfile_that_cannot_be_removed_is_a_config_error_naming_the_key(
+    work: Path, monkeypatch
+) -> None:
+    from wcached.daemon import service as service_mod
+
+    (work / "prom").mkdir()
+    service = Service(
+        settings_for(work / "run", metrics_dir=str(work / "prom"), source="/etc/wcache/wcached.toml"),
+        DEVICE,
+        open_policy(),
+    )
+
+    def refused(path: str) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(service_mod, "remove_textfile", refused)
+    with pytest.raises(ConfigError) as e:
+        service._open_metrics()
+    assert str(e.value) == (
+        "/etc/wcache/wcached.toml: key 'daemon.metrics_dir': cannot remove the stale "
+        f"{work / 'prom' / 'wcached-cpu0.prom'}: [Errno 1] Operation not permitted"
+    )
+
+
+def test_a_textfile_that_cannot_be_removed_at_stop_is_logged(work: Path, monkeypatch, caplog) -> None:
+    from wcached.daemon import service as service_mod
+
+    (work / "prom").mkdir()
+    service = Service(settings_for(work / "run", metrics_dir=str(work / "prom")), DEVICE, open_policy())
+    service._open_metrics()
+    monkeypatch.setattr(service_mod, "remove_textfile", lambda path: (_ for _ in ()).throw(OSError(5, "I/O")))
+    with caplog.at_level(logging.WARNING, "wcached.service"):
+        service._close_metrics()
+    assert caplog.messages == [f"cannot remove {work / 'prom' / 'wcached-cpu0.prom'}: [Errno 5] I/O"]
+
+
+def test_the_watchdog_is_fed_only_while_the_socket_answers(
+    work: Path, sharded_ckpt: Path, monkeypatch
+) -> None:
+    from wcached.daemon import liveness
+
+    healthy = [True]
+    monkeypatch.setattr(liveness.ServingProbe, "healthy", lambda self: healthy[0])
+    monkeypatch.setenv("WATCHDOG_USEC", "200000")  # a ping due every 0.1 s
+    listener = NotifyListener(work)
+
+    def pings() -> int:
+        listener.drain()
+        return listener.messages.count("WATCHDOG=1")
+
+    try:
+        with _looping(work, sharded_ckpt, listener):
+            assert until(lambda: pings() >= 4)
+            healthy[0] = False
+            time.sleep(0.15)
+            stopped_at = pings()
+            time.sleep(0.5)
+            assert pings() == stopped_at, "pinged while the socket did not answer"
+            healthy[0] = True
+            assert until(lambda: pings() > stopped_at)
+    finally:
+        listener.close()
+
+
+def test_accepts_paused_for_running_out_of_fds_resume_and_serve(
+    work: Path, sharded_ckpt: Path, monkeypatch
+) -> None:
+    """The listener is left alone for ACCEPT_PAUSE_S (no spinning on it),
+    then polled again: a client that waited in the backlog is served."""
+    from wcached.daemon import service as service_mod
+
+    monkeypatch.setattr(service_mod, "ACCEPT_PAUSE_S", 0.3)
+    calls: list[float] = []
+    real = Server.accept_pending
+
+    def starved_once(self) -> bool:
+        calls.append(time.monotonic())
+        return False if len(calls) == 1 else real(self)
+
+    monkeypatch.setattr(Server, "accept_pending", starved_once)
+    with _looping(work, sharded_ckpt) as service:
+        started = time.monotonic()
+        with DaemonConnection(service.settings.socket_path, timeout=5) as conn:
+            conn.status()
+        assert len(calls) == 2, "polled the listener while paused"
+        assert calls[1] - calls[0] >= 0.25 and time.monotonic() - started >= 0.25
+
+
+def test_a_fill_said_to_systemd_and_stopped_by_a_signal_keeps_nothing_half_done(
+    work: Path, sharded_ckpt: Path, monkeypatch
+) -> None:
+    """While filling, each tick asks systemd for more start time and says
+    the progress; SIGTERM mid-fill ends it without serving (the model is
+    recorded as failed "stopped by a signal") and says STOPPING."""
+    from wcached.daemon import service as service_mod
+    from wcached.daemon.filler import FillAborted
+
+    listener = NotifyListener(work)
+    model = SafetensorsModel(name="default", path=str(sharded_ckpt), segment_size=64 * 1024)
+    service = Service(settings_for(work / "run", models=(model,)), DEVICE, open_policy())
+    service.notifier = Notifier({"NOTIFY_SOCKET": listener.path})
+
+    def fill(settings, device, tick, stopped, filled) -> None:
+        assert [m.name for m in settings.models] == ["default"]
+        tick("default", 1 << 20, 4 << 20)
+        service.stop_signal = signal.SIGTERM
+        assert stopped()
+        raise FillAborted()
+
+    monkeypatch.setattr(service_mod, "fill_models", fill)
+    try:
+        assert service._fill(service.holdings.to_fill()) is False
+        listener.drain()
+        assert listener.messages.count("EXTEND_TIMEOUT_USEC=30000000") == 2
+        assert any(m.startswith("STATUS=filling default") for m in listener.messages), listener.messages
+        assert listener.messages[-1].startswith("STOPPING=1")
+        assert service.holdings.slots["default"].state == "failed"
+        assert service.holdings.slots["default"].reason == "stopped by a signal"
+        assert service._fill([]) is True
+    finally:
+        service.holdings.close()
+        listener.close()
+
+
+def test_a_fill_that_fails_records_why_and_raises_it(work: Path, sharded_ckpt: Path, monkeypatch) -> None:
+    from wcached.daemon import service as service_mod
+    from wcached.errors import CheckpointCorrupt
+
+    model = SafetensorsModel(name="default", path=str(sharded_ckpt), segment_size=64 * 1024)
+    service = Service(settings_for(work / "run", models=(model,)), DEVICE, open_policy())
+
+    def fill(*args) -> None:
+        raise CheckpointCorrupt("model.safetensors: tensor w ends early")
+
+    monkeypatch.setattr(service_mod, "fill_models", fill)
+    with pytest.raises(CheckpointCorrupt):
+        service._fill(service.holdings.to_fill())
+    assert service.holdings.slots["default"].state == "failed"
+    assert service.holdings.slots["default"].reason == "model.safetensors: tensor w ends early"
+    service.holdings.close()
+
+
+def test_a_missing_socket_dir_is_made_0750_and_a_link_in_its_place_refused(work: Path) -> None:
+    from wcached.daemon.service import prepare_socket_dir
+
+    made = work / "made" / "run"
+    prepare_socket_dir(str(made))
+    assert stat.S_IMODE(os.stat(made).st_mode) == 0o750
+    prepare_socket_dir(str(made))  # there already: left as it is
+    (work / "link").symlink_to(made)
+    with pytest.raises(ConfigError, match=r"daemon\.socket_dir") as e:
+        prepare_socket_dir(str(work / "link"), "/etc/wcache/wcached.toml")
+    assert str(e.value).startswith(f"/etc/wcache/wcached.toml: key 'daemon.socket_dir': {work / 'link'} ")
+    assert "fix with: " in str(e.value)
+    (work / "file").write_text("")
+    with pytest.raises(ConfigError):
+        prepare_socket_dir(str(work / "file"))
+
+
+@pytest.mark.parametrize(
+    ("raised", "status", "journal", "said"),
+    [
+        (None, 0, ["stopped"], None),
+        (
+            OutOfMemory("no host memory for default.3"),
+            EX_TEMPFAIL,
+            [("ERROR", "no host memory for default.3"), "stopped (exit 75)"],
+            "failed: no host memory for default.3",
+        ),
+        (
+            RuntimeError("boom"),
+            EX_SOFTWARE,
+            [("ERROR", "unexpected error, exiting with 70: boom"), "stopped (exit 70)"],
+            "failed: unexpected RuntimeError: boom",
+        ),
+    ],
+    ids=["stopped", "temporary-cause", "unexpected"],
+)
+def test_serve_ends_with_its_causes_status_said_to_the_journal_and_systemd(
+    work: Path, sharded_ckpt: Path, monkeypatch, caplog, raised, status, journal, said
+) -> None:
+    """The cause first, then that it stopped; an unexpected error with its
+    traceback and exit 70, never a bare exit 1; STATUS= says "failed: ..."."""
+    from wcached.daemon import service as service_mod
+
+    cfg = one_model_config(work, sharded_ckpt)
+    listener = NotifyListener(work)
+    monkeypatch.setenv("NOTIFY_SOCKET", listener.path)
+    monkeypatch.setattr(service_mod, "setup_logging", lambda *a, **k: None)
+
+    def run(self) -> int:
+        if raised is not None:
+            raise raised
+        return 0
+
+    monkeypatch.setattr(Service, "run", run)
+    try:
+        with caplog.at_level(logging.INFO, "wcached.service"):
+            assert service_mod.serve("cpu0", str(cfg)) == status
+        records = [r for r in caplog.records if "starting" not in r.getMessage()]
+        got = [r.getMessage() if r.levelname == "INFO" else (r.levelname, r.getMessage()) for r in records]
+        assert got == journal
+        assert (records[0].exc_info is not None) == isinstance(raised, RuntimeError)
+        listener.drain()
+        statuses = [m for m in listener.messages if m.startswith("STATUS=")]
+        assert statuses == ([f"STATUS={said}"] if said else [])
+    finally:
+        listener.close()
+
+
+def test_serve_of_an_instance_with_no_model_is_a_config_error_naming_the_file(
+    work: Path, sharded_ckpt: Path, monkeypatch, caplog
+) -> None:
+    from wcached.daemon import service as service_mod
+
+    cfg = one_model_config(work, sharded_ckpt)
+    cfg.write_text(cfg.read_text() + '\n[instance."cpu0"]\nmodels = []\n')
+    monkeypatch.setattr(service_mod, "setup_logging", lambda *a, **k: None)
+    with caplog.at_level(logging.INFO, "wcached.service"):
+        assert service_mod.serve("cpu0", str(cfg)) == EX_CONFIG
+    assert caplog.messages == [f"{cfg}: key 'model': no [[model]] is configured for cpu0"]

@@ -3,6 +3,7 @@ import os
 
 import pytest
 
+from tests.helpers import fds_opened_since, open_fds
 from wcached.loaders.layout import plan_layout
 
 
@@ -136,10 +137,6 @@ class _Backend:
         return _Writer(self.log, label)
 
 
-def _open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
-
-
 def test_in_order_a_failure_frees_the_segment_being_filled_and_closes_the_sealed_ones() -> None:
     """Segments are named ``<model>.<index>`` (the memfd's name an operator
     sees in /proc/<pid>/maps); a fill that fails in its third segment aborts
@@ -151,7 +148,7 @@ def test_in_order_a_failure_frees_the_segment_being_filled_and_closes_the_sealed
         if i == 2:
             raise OSError(f"read failed in segment {i}")
 
-    before = _open_fds()
+    before = open_fds()
     backend = _Backend()
     with pytest.raises(OSError, match="segment 2"):
         fill_segments_in_order(backend, "m", [64, 64, 64, 64], PhaseClock(), fill_one)
@@ -159,12 +156,12 @@ def test_in_order_a_failure_frees_the_segment_being_filled_and_closes_the_sealed
         *("allocate m.0", "finish m.0", "allocate m.1", "finish m.1"),
         *("allocate m.2", "abort m.2"),
     ]
-    assert _open_fds() == before
+    assert fds_opened_since(before) == {}
     backend = _Backend(fail_allocate_at=2)
     with pytest.raises(MemoryError, match=r"m\.2"):
         fill_segments_in_order(backend, "m", [64, 64, 64], PhaseClock(), lambda i, w: None)
     assert backend.log == ["allocate m.0", "finish m.0", "allocate m.1", "finish m.1"]
-    assert _open_fds() == before
+    assert fds_opened_since(before) == {}
     backend = _Backend()
     with pytest.raises(OSError, match="segment 0"):
         fill_segments_in_order(backend, "m", [64], PhaseClock(), lambda i, w: _fail(i))

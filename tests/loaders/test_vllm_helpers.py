@@ -7,6 +7,7 @@ import os
 import pytest
 import torch
 
+from tests.helpers import fds_opened_since, open_fds
 from wcached.device import Device
 from wcached.errors import FillError
 from wcached.loaders.layout import PhaseClock, fill_segments_in_order
@@ -119,11 +120,11 @@ def test_segments_are_filled_one_at_a_time_and_freed_on_failure() -> None:
         if i == 1:
             raise RuntimeError("boom")
 
-    before = set(os.listdir("/proc/self/fd"))
+    before = open_fds()
     with pytest.raises(RuntimeError, match="boom"):
         fill_segments_in_order(backend, "m", [4096, 4096, 4096], PhaseClock(), failing)
     assert opened == [0, 1]
-    assert set(os.listdir("/proc/self/fd")) <= before  # sealed and open segments closed
+    assert fds_opened_since(before) == {}  # sealed and open segments closed
 
 
 class _HostArena:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import fds_opened_since, open_fds
 from wcached.errors import ProtocolError
 from wcached.memory.host import HostBackend, check_sealed
 from wcached.protocol.messages import SegmentInfo
@@ -128,7 +129,7 @@ def _fill_from_file(tmp_path: Path, monkeypatch=None) -> tuple[bytes, bytes, int
     data = os.urandom(3 * 4096 + 100)
     src = tmp_path / "src.bin"
     src.write_bytes(data)
-    before = len(os.listdir("/proc/self/fd"))
+    before = open_fds()
     fd_src = os.open(src, os.O_RDONLY)
     w = HostBackend().allocate(4 * 4096 + 512, "t")
     hashers = [xxhash.xxh3_128(), xxhash.xxh3_128(), xxhash.xxh3_128()]
@@ -145,7 +146,7 @@ def _fill_from_file(tmp_path: Path, monkeypatch=None) -> tuple[bytes, bytes, int
     with mmap.mmap(fd, 4 * 4096 + 512, mmap.MAP_SHARED, mmap.PROT_READ) as m:
         seg = bytes(m)
     os.close(fd)
-    leaked = len(os.listdir("/proc/self/fd")) - before
+    leaked = len(fds_opened_since(before))
     assert hashers[0].hexdigest() == xxhash.xxh3_128(data[:4096]).hexdigest()
     assert hashers[1].hexdigest() == xxhash.xxh3_128(data[4096:8192]).hexdigest()
     assert hashers[2].hexdigest() == xxhash.xxh3_128(data[8192:]).hexdigest()
@@ -286,11 +287,11 @@ def test_a_segment_that_cannot_be_mapped_leaves_no_fd(monkeypatch) -> None:
     def no_memory(*a, **k):
         raise OSError(errno.ENOMEM, "Cannot allocate memory")
 
-    before = len(os.listdir("/proc/self/fd"))
+    before = open_fds()
     monkeypatch.setattr(mmap, "mmap", no_memory)
     with pytest.raises(OSError):
         HostBackend().allocate(4096, "t")
-    assert len(os.listdir("/proc/self/fd")) == before
+    assert fds_opened_since(before) == {}
 
 
 def test_one_kernel_copy_fd_per_filling_thread(tmp_path: Path) -> None:
@@ -303,28 +304,29 @@ def test_one_kernel_copy_fd_per_filling_thread(tmp_path: Path) -> None:
     src.write_bytes(os.urandom(64 * 1024))
     fd_src = os.open(src, os.O_RDONLY)
 
-    def open_fds() -> int:
-        return len(os.listdir("/proc/self/fd"))
-
     base = open_fds()
+
+    def opened() -> int:
+        return len(fds_opened_since(base))
+
     w = HostBackend().allocate(64 * 1024, "t")
     try:
-        with_writer = open_fds()
+        with_writer = opened()
         w.write_from_file(fd_src, 0, 0, 4096, None)
-        after_one = open_fds()
+        after_one = opened()
         for i in range(1, 8):
             w.write_from_file(fd_src, i * 4096, i * 4096, 4096, None)
         w.write_run(fd_src, 8 * 4096, [(8 * 4096, 4096), (9 * 4096, 4096)], [None, None])
-        assert open_fds() == after_one == with_writer + 1
+        assert opened() == after_one == with_writer + 1
         other = threading.Thread(target=w.write_from_file, args=(fd_src, 10 * 4096, 10 * 4096, 4096, None))
         other.start()
         other.join()
-        assert open_fds() == with_writer + 2
+        assert opened() == with_writer + 2
         fd = w.finish()
     finally:
         os.close(fd_src)
     # The sealed memfd is open, the source is closed, no copy fd is left.
-    assert open_fds() == base
+    assert list(fds_opened_since(base)) == [fd]
     os.close(fd)
 
 

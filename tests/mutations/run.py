@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -85,6 +87,34 @@ def mutate(m: Mutation, text: str) -> str:
     return text
 
 
+def run_tests(
+    argv: list[str], cwd: Path, env: dict[str, str], timeout: float
+) -> subprocess.CompletedProcess | None:
+    """A mutant's tests, in a process group of their own that is killed
+    once they end: a daemon that a test failing under the mutant started and
+    never stopped dies with them instead of outliving the mutant's copy.
+    Their output (stdout and stderr together) goes to a file, not a pipe,
+    which such a daemon would hold open. None when they ran past
+    ``timeout`` (killed as well)."""
+    with tempfile.TemporaryFile("w+") as out:
+        proc = subprocess.Popen(
+            argv, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, text=True, process_group=0
+        )
+        timed_out = False
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        if timed_out:
+            return None
+        out.seek(0)
+        return subprocess.CompletedProcess(argv, proc.returncode, out.read(), "")
+
+
 def run_one(m: Mutation, timeout: float = 300) -> tuple[bool, float, str]:
     """(caught, seconds, tail of the output)."""
     with tempfile.TemporaryDirectory(prefix="wcached-mutant-") as tmp:
@@ -98,18 +128,12 @@ def run_one(m: Mutation, timeout: float = 300) -> tuple[bool, float, str]:
             return False, 0.0, str(e)
         env = dict(os.environ, PYTHONPATH=str(root), PYTHONDONTWRITEBYTECODE="1")
         started = time.monotonic()
-        try:
-            r = subprocess.run(
-                [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *m.tests],
-                cwd=root,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-            )
-            caught, out = r.returncode not in (0, 5), r.stdout + r.stderr
-        except subprocess.TimeoutExpired:
+        argv = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *m.tests]
+        r = run_tests(argv, root, env, timeout)
+        if r is None:
             caught, out = True, "timed out (counted as caught: the mutant hangs its tests)"
+        else:
+            caught, out = r.returncode not in (0, 5), r.stdout + r.stderr
         return caught, time.monotonic() - started, out[-1500:]
 
 

@@ -44,7 +44,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.mutations.run import REPO, _copy_tree
+from tests.mutations.run import REPO, _copy_tree, run_tests
 
 REPORT = REPO / "tests/mutations/report.json"
 PYTHON = "{}.{}".format(*sys.version_info[:2])
@@ -82,7 +82,9 @@ SAFETY_MODULES: dict[str, str] = {
     "wcached/loaders/safetensors.py": "",
     "wcached/loaders/layout.py": "",
     "wcached/loaders/base.py": "",
+    "wcached/memory/kernel_cache.py": "",
     "wcached/memory/cuda.py": "runs only on the GPU machine, whose tests CI cannot run",
+    "wcached/memory/cuda_digest.py": "runs only on the GPU machine, whose tests CI cannot run",
     "wcached/loaders/vllm/fill.py": _IN_VLLM,
     "wcached/loaders/vllm/key.py": _IN_VLLM,
     "wcached/integrations/vllm_bind.py": _IN_VLLM,
@@ -353,11 +355,8 @@ def run_mutant(tree: Path, mutant: Mutant, basetemp: Path, timeout: float, stop_
         MUTANT_UNDER_TEST=mutant.name,
     )
     argv = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", f"--basetemp={basetemp}"]
-    try:
-        r = subprocess.run(
-            [*argv, *mutant.tests], cwd=tree, env=env, capture_output=True, text=True, timeout=timeout
-        )
-    except subprocess.TimeoutExpired:
+    r = run_tests([*argv, *mutant.tests], tree, env, timeout)
+    if r is None:
         return "timeout"
     if r.returncode == 0:
         return "survived"

@@ -33,7 +33,21 @@ FLOORS: dict[str, tuple[float, int]] = {
     # Session 17: the last held (the poll timeout taking the last lost
     # lease's wait instead of the earliest) caught by a test of two lost
     # leases, run with the mutant applied; none held.
-    "wcached/client/lease.py": (91.8, 0),
+    "wcached/client/lease.py": (94.9, 0),
+    # Scored whole in session 22 (297 mutants, --max-tests 12, tests of
+    # tests/daemon/test_filler.py alone): 76.2, 65 survived and 24 that no
+    # test ran. After the session's tests (every way a worker ends, its job
+    # and environment, the log, oom_kills) and the filler's fixes (a worker
+    # stuck mid-message or after its last message is not waited for
+    # forever), rescored with --changed --survivors --max-tests 30: 93.2,
+    # all 21 survivors triaged (1 caught by hand, 14 equivalent, 6 accepted),
+    # none held.
+    "wcached/daemon/filler.py": (93.2, 0),
+    # New in session 22 (the digest kernel's build kept on disk): scored
+    # whole, 116 mutants, 75.0; after tests of its log, a link planted at
+    # the temporary name, the mode under any umask and a valid file behind
+    # a link, 97.4; the 3 survivors triaged equivalent, none held.
+    "wcached/memory/kernel_cache.py": (97.4, 0),
     # Scored whole in session 17 (193 mutants, --max-tests 12, hangs cut at
     # 60 s): 151 caught, 15 by timeout, 27 survived; all 27 triaged (15
     # caught by the session's tests run with each mutant applied, 10
@@ -77,12 +91,16 @@ FLOORS: dict[str, tuple[float, int]] = {
     # 28 survived and 6 that no test runs; 32 triaged (caught by the file
     # run whole with the mutant applied, or equivalent/accepted), 2 held;
     # session 16 ran those 2 by hand with their mutants: caught, none held.
-    "wcached/client/connection.py": (82.7, 0),
+    "wcached/client/connection.py": (91.1, 0),
     # Rescored in session 13 (--changed, --max-tests 12) after build_views
     # went by run: 187 caught, 19 survived; 17 triaged (3 caught by tests
     # beyond the 12 it ran, checked with the mutant applied), 2 held by the ceiling;
     # session 16 wrote a test for those 2 and ran them with it: caught, none held.
-    "wcached/client/attach.py": (90.8, 0),
+    # Session 23: attach, connection, lease and verify rescored (--changed
+    # --survivors --max-tests 12, tests/client and tests/cli/test_verify.py)
+    # after DaemonConnection.attach became the one owner of an attach
+    # request (engine, lease and verify had asked three ways).
+    "wcached/client/attach.py": (93.1, 0),
     # Scored whole in session 13 (174 mutants, --max-tests 12): 156 caught,
     # 14 survived and 4 that no test runs; 7 triaged, 11 held by the ceiling;
     # session 17 triaged those 11 (9 caught by tests written then, run with
@@ -129,7 +147,9 @@ FLOORS: dict[str, tuple[float, int]] = {
     # survived, 1 no test runs; all triaged (9 equivalent, 17 accepted: where
     # wmix128 of the disk is computed, client names of short connections,
     # verify's lease), none held.
-    "wcached/cli/verify.py": (92.2, 0),
+    # Session 23: 91.9 after the fd-count check (its mutants all caught)
+    # moved from HostBytes to DaemonConnection.attach, where they count now.
+    "wcached/cli/verify.py": (91.9, 0),
     # Session 21: scored whole (437 mutants, --max-tests 12, hangs cut at 90
     # s, tests/daemon/test_metrics.py) after its in-process registry,
     # textfile and endpoint tests: 371 caught, 6 by timeout, 60 survived;
@@ -157,6 +177,30 @@ FLOORS: dict[str, tuple[float, int]] = {
     # 29 survived; all triaged (11 caught by the tests written after the
     # score, run with the mutant applied; the rest equivalent or accepted).
     "wcached/memory/arena.py": (87.6, 0),
+    # Session 23: scored whole (577 mutants, --max-tests 12, hangs cut at 90
+    # s, tests/daemon, tests/client, tests/cli and tests/protocol): 59.8, 251
+    # survived (every daemon test starts a process; the 12 quickest of them
+    # never reached the rarer rules). Rescored (--changed --survivors,
+    # tests/daemon/test_server.py) after its in-process tests: 454 caught, 82
+    # survived, 41 that no test runs; held by the ceiling until triaged
+    # (most are log texts, timeouts of replies, the own probe's and the peer
+    # check's rare paths, and status's rounding).
+    # Session 24: rescored (--survivors --max-tests 40, test_server.py) after
+    # its tests of a refused user and a non-admin release (run as the suite's
+    # own user), unreadable credentials, a first message that is not hello,
+    # half a hello, every kind of reply left unread, a busy refusal to a
+    # client that does not read, status's ages and metrics: 551 caught, 23
+    # survived, 3 that no test runs; all 26 triaged (2 caught by tests
+    # sharpened after the score, run with the mutant applied; 16 equivalent,
+    # 8 accepted), none held.
+    "wcached/daemon/server.py": (96.0, 0),
+    # Session 24: scored whole (501 mutants, --max-tests 12, hangs cut at 90
+    # s, tests/daemon/test_service.py, test_metrics.py and test_restore.py):
+    # 361 caught, 2 by timeout, 137 survived, 1 that no test runs; held by
+    # the ceiling until triaged (most of service.py runs only in daemons
+    # started as processes, whose tests are slow, so the 12 quickest that
+    # reach a line seldom include the one that states its rule).
+    "wcached/daemon/service.py": (72.6, 138),
 }
 
 TRIAGE: dict[tuple[str, str, str], str] = {
@@ -328,28 +372,8 @@ TRIAGE: dict[tuple[str, str, str], str] = {
     (
         "wcached/client/attach.py",
         "attach",
-        '-    model: str = "default",\n+    model: str = "XXdefaultXX",',
-    ): "caught: tests/client/test_attach.py::test_by_default_the_model_named_default_found_through_the_config, beyond the 12 tests the score ran for it",
-    (
-        "wcached/client/attach.py",
-        "attach",
-        '-    model: str = "default",\n+    model: str = "DEFAULT",',
-    ): "caught: tests/client/test_attach.py::test_by_default_the_model_named_default_found_through_the_config, beyond the 12 tests the score ran for it",
-    (
-        "wcached/client/attach.py",
-        "attach",
         "-    timeout: float = 10.0,\n+    timeout: float = 11.0,",
     ): "accepted: the default timeout's exact value is a tuning choice; the caller's own is tested",
-    (
-        "wcached/client/attach.py",
-        "attach",
-        "-    keep_lease: bool = True,\n+    keep_lease: bool = False,",
-    ): "caught: tests/client/test_lease.py::test_restarts_leak_no_fds_and_the_lease_keeps_the_same_memory, beyond the 12 tests the score ran for it",
-    (
-        "wcached/client/attach.py",
-        "attach",
-        "-    path = socket_path(instance, find_socket_dir(socket_dir, config))\n+    path = socket_path(instance, find_socket_dir(socket_dir, None))",
-    ): "caught: tests/client/test_attach.py::test_by_default_the_model_named_default_found_through_the_config, beyond the 12 tests the score ran for it",
     (
         "wcached/client/attach.py",
         "attach",
@@ -358,18 +382,8 @@ TRIAGE: dict[tuple[str, str, str], str] = {
     (
         "wcached/client/attach.py",
         "attach",
-        "-        fds = conn.chan.recv_fds(reply.fd_count, timeout=timeout)\n+        fds = conn.chan.recv_fds(reply.fd_count, )",
-    ): "caught: tests/client/test_untrusted_daemon.py::test_the_callers_timeout_bounds_a_daemon_that_stalls, beyond the 12 tests the score ran for it",
-    (
-        "wcached/client/attach.py",
-        "attach",
         "-            backend = get_backend(backends.pop(), manifest.segments[0].device)\n+            backend = get_backend(backends.pop(), )",
     ): "accepted: the device selects the GPU of cuda segments only; the host backend ignores it, and tests/memory/test_cuda.py attaches cuda segments on the GPU machine",
-    (
-        "wcached/client/attach.py",
-        "attach",
-        "-            attachment.watch = LeaseWatch(attachment, dict(expect or {}), client)\n+            attachment.watch = None",
-    ): "caught: tests/client/test_lease.py::test_restarts_leak_no_fds_and_the_lease_keeps_the_same_memory, beyond the 12 tests the score ran for it",
     (
         "wcached/daemon/liveness.py",
         "ServingProbe.__init__",
@@ -606,16 +620,6 @@ TRIAGE: dict[tuple[str, str, str], str] = {
         "_first_outside",
         "-    if offset % size or offset < 0 or offset + nbytes > limit:\n+    if offset % size or offset < 0 or offset + nbytes >= limit:",
     ): "caught: tests/client/test_untrusted_daemon.py::test_a_tensor_running_past_its_segment_is_refused_naming_it, beyond the 12 tests the score ran for it",
-    (
-        "wcached/client/attach.py",
-        "_first_outside",
-        "-    if count == 1:\n+    if count == 2:",
-    ): "caught: tests/client/test_views.py::test_entries_outside_the_segment_are_refused, beyond the 12 tests the score ran for it",
-    (
-        "wcached/client/attach.py",
-        "_typed_segment",
-        "-    if not 0 <= run.segment < len(segments):\n+    if not 0 <= run.segment <= len(segments):",
-    ): "caught: tests/client/test_views.py::test_views_match_one_view_per_entry_for_any_manifest, beyond the 12 tests the score ran for it",
     # Session 14: client/connection.py and client/lease.py, scored whole.
     (
         "wcached/client/connection.py",
@@ -637,26 +641,6 @@ TRIAGE: dict[tuple[str, str, str], str] = {
         "DaemonConnection.__init__",
         "-        timeout: float = 10.0,\n+        timeout: float = 11.0,",
     ): "accepted: the default timeout (10 s) is a choice no behaviour pins to the second; callers that care pass theirs",
-    (
-        "wcached/client/connection.py",
-        "DaemonConnection.__init__",
-        "-        self.path = path\n+        self.path = None",
-    ): "caught: tests/client/test_connection.py::test_socket_served_by_an_untrusted_user_is_refused, run whole with the mutant applied (the score ran its 12 quickest tests)",
-    (
-        "wcached/client/connection.py",
-        "DaemonConnection.__init__",
-        "-        self.timeout = timeout\n+        self.timeout = None",
-    ): "caught: tests/client/test_connection.py::test_a_daemon_that_stops_answering_times_the_client_out, the only test of the file whose daemon never answers: the file run whole with the mutant applied hung past its 300 s limit",
-    (
-        "wcached/client/connection.py",
-        "DaemonConnection.__init__",
-        "-                self._connect(path, timeout, client, daemon_users, version)\n+                self._connect(path, None, client, daemon_users, version)",
-    ): "caught: tests/client/test_connection.py::test_a_daemon_whose_backlog_stays_full_times_the_client_out, the only test of the file whose daemon never accepts: the file run whole with the mutant applied hung past its 300 s limit",
-    (
-        "wcached/client/connection.py",
-        "DaemonConnection.__init__",
-        "-                self._connect(path, timeout, client, daemon_users, version)\n+                self._connect(path, timeout, None, daemon_users, version)",
-    ): "caught: tests/client/test_connection.py::test_a_named_client_is_greeted_by_its_name, run whole with the mutant applied (the score ran its 12 quickest tests)",
     (
         "wcached/client/connection.py",
         "DaemonConnection.__init__",
@@ -685,16 +669,6 @@ TRIAGE: dict[tuple[str, str, str], str] = {
     (
         "wcached/client/connection.py",
         "DaemonConnection._connect",
-        "-            name = client or f\"{os.path.basename(sys.argv[0] or 'python')}[{os.getpid()}]\"\n+            name = client or f\"{os.path.basename(sys.argv[0] and 'python')}[{os.getpid()}]\"",
-    ): "caught: tests/client/test_connection.py::test_a_later_daemon_with_unknown_fields_is_attached, run whole with the mutant applied (the score ran its 12 quickest tests)",
-    (
-        "wcached/client/connection.py",
-        "DaemonConnection._connect",
-        "-            name = client or f\"{os.path.basename(sys.argv[0] or 'python')}[{os.getpid()}]\"\n+            name = client or f\"{os.path.basename(sys.argv[1] or 'python')}[{os.getpid()}]\"",
-    ): "caught: tests/client/test_connection.py::test_a_later_daemon_with_unknown_fields_is_attached, run whole with the mutant applied (the score ran its 12 quickest tests)",
-    (
-        "wcached/client/connection.py",
-        "DaemonConnection._connect",
         "-            name = client or f\"{os.path.basename(sys.argv[0] or 'python')}[{os.getpid()}]\"\n+            name = client or f\"{os.path.basename(sys.argv[0] or 'XXpythonXX')}[{os.getpid()}]\"",
     ): "accepted: the fallback name is used only when sys.argv[0] is empty (an embedded interpreter), which a pytest process cannot be",
     (
@@ -719,36 +693,6 @@ TRIAGE: dict[tuple[str, str, str], str] = {
     ): "accepted: a hello of some 50 bytes on a fresh connection never fills the socket buffer, so a send timeout cannot be reached; the welcome is waited for under its own deadline",
     (
         "wcached/client/connection.py",
-        "DaemonConnection._connect",
-        '-                raise ProtocolError(f"expected welcome, got {type(welcome).__name__}")\n+                raise ProtocolError(None)',
-    ): "caught: tests/client/test_connection.py::test_a_reply_of_the_wrong_kind_is_a_protocol_error_naming_it, run whole with the mutant applied (the score ran its 12 quickest tests)",
-    (
-        "wcached/client/connection.py",
-        "DaemonConnection._connect",
-        '-                raise ProtocolError(f"expected welcome, got {type(welcome).__name__}")\n+                raise ProtocolError(f"expected welcome, got {type(None).__name__}")',
-    ): "caught: tests/client/test_connection.py::test_a_reply_of_the_wrong_kind_is_a_protocol_error_naming_it, run whole with the mutant applied (the score ran its 12 quickest tests)",
-    (
-        "wcached/client/connection.py",
-        "DaemonConnection.receive",
-        "-            reply = self.chan.recv(MAX_REPLY_BYTES, idle_timeout=self.timeout, frame_timeout=self.timeout)\n+            reply = self.chan.recv(MAX_REPLY_BYTES, idle_timeout=None, frame_timeout=self.timeout)",
-    ): "caught: tests/client/test_connection.py::test_a_daemon_that_stops_answering_times_the_client_out, the only test of the file whose daemon never answers: the file run whole with the mutant applied hung past its 300 s limit",
-    (
-        "wcached/client/connection.py",
-        "DaemonConnection.receive",
-        "-            reply = self.chan.recv(MAX_REPLY_BYTES, idle_timeout=self.timeout, frame_timeout=self.timeout)\n+            reply = self.chan.recv(MAX_REPLY_BYTES, idle_timeout=self.timeout, frame_timeout=None)",
-    ): "caught: tests/client/test_connection.py::test_a_daemon_that_stops_answering_times_the_client_out, run whole with the mutant applied (the score ran its 12 quickest tests)",
-    (
-        "wcached/client/connection.py",
-        "DaemonConnection.receive",
-        "-            reply = self.chan.recv(MAX_REPLY_BYTES, idle_timeout=self.timeout, frame_timeout=self.timeout)\n+            reply = self.chan.recv(MAX_REPLY_BYTES, frame_timeout=self.timeout)",
-    ): "caught: tests/client/test_connection.py::test_a_daemon_that_stops_answering_times_the_client_out, the only test of the file whose daemon never answers: the file run whole with the mutant applied hung past its 300 s limit",
-    (
-        "wcached/client/connection.py",
-        "DaemonConnection.receive",
-        "-            reply = self.chan.recv(MAX_REPLY_BYTES, idle_timeout=self.timeout, frame_timeout=self.timeout)\n+            reply = self.chan.recv(MAX_REPLY_BYTES, idle_timeout=self.timeout, )",
-    ): "caught: tests/client/test_connection.py::test_a_daemon_that_stops_answering_times_the_client_out, run whole with the mutant applied (the score ran its 12 quickest tests)",
-    (
-        "wcached/client/connection.py",
         "DaemonConnection.request",
         "-        self.chan.send(msg, timeout=self.timeout)\n+        self.chan.send(msg, timeout=None)",
     ): "accepted: a request is at most MAX_REQUEST_BYTES (64 KiB), less than a Unix socket send buffer holds, so sending it does not wait for the daemon; the reply has its own deadline",
@@ -758,44 +702,9 @@ TRIAGE: dict[tuple[str, str, str], str] = {
         "-        self.chan.send(msg, timeout=self.timeout)\n+        self.chan.send(msg, )",
     ): "accepted: a request is at most MAX_REQUEST_BYTES (64 KiB), less than a Unix socket send buffer holds, so sending it does not wait for the daemon; the reply has its own deadline",
     (
-        "wcached/client/connection.py",
-        "DaemonConnection.status",
-        '-            raise ProtocolError(f"expected status_reply, got {type(reply).__name__}")\n+            raise ProtocolError(None)',
-    ): "caught: tests/client/test_connection.py::test_a_reply_of_the_wrong_kind_is_a_protocol_error_naming_it, run whole with the mutant applied (the score ran its 12 quickest tests)",
-    (
-        "wcached/client/connection.py",
-        "DaemonConnection.status",
-        '-            raise ProtocolError(f"expected status_reply, got {type(reply).__name__}")\n+            raise ProtocolError(f"expected status_reply, got {type(None).__name__}")',
-    ): "caught: tests/client/test_connection.py::test_a_reply_of_the_wrong_kind_is_a_protocol_error_naming_it, run whole with the mutant applied (the score ran its 12 quickest tests)",
-    (
-        "wcached/client/connection.py",
-        "DaemonConnection.release",
-        '-            raise ProtocolError(f"expected released, got {type(reply).__name__}")\n+            raise ProtocolError(None)',
-    ): "caught: tests/client/test_connection.py::test_a_reply_of_the_wrong_kind_is_a_protocol_error_naming_it, run whole with the mutant applied (the score ran its 12 quickest tests)",
-    (
-        "wcached/client/connection.py",
-        "DaemonConnection.release",
-        '-            raise ProtocolError(f"expected released, got {type(reply).__name__}")\n+            raise ProtocolError(f"expected released, got {type(None).__name__}")',
-    ): "caught: tests/client/test_connection.py::test_a_reply_of_the_wrong_kind_is_a_protocol_error_naming_it, run whole with the mutant applied (the score ran its 12 quickest tests)",
-    (
-        "wcached/client/lease.py",
-        "LeaseWatch.ended",
-        "-            data = sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)\n+            data = sock.recv(socket.MSG_PEEK | socket.MSG_DONTWAIT)",
-    ): "accepted: ended() is called only on a socket select() reported readable, where a blocking, consuming or 2-byte read gives the same answer (end of file, or the byte that ends the watch); spurious readiness cannot be made in a test",
-    (
-        "wcached/client/lease.py",
-        "LeaseWatch.ended",
-        "-            data = sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)\n+            data = sock.recv(1, )",
-    ): "accepted: ended() is called only on a socket select() reported readable, where a blocking, consuming or 2-byte read gives the same answer (end of file, or the byte that ends the watch); spurious readiness cannot be made in a test",
-    (
         "wcached/client/lease.py",
         "LeaseWatch.ended",
         "-            data = sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)\n+            data = sock.recv(2, socket.MSG_PEEK | socket.MSG_DONTWAIT)",
-    ): "accepted: ended() is called only on a socket select() reported readable, where a blocking, consuming or 2-byte read gives the same answer (end of file, or the byte that ends the watch); spurious readiness cannot be made in a test",
-    (
-        "wcached/client/lease.py",
-        "LeaseWatch.ended",
-        "-            data = sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)\n+            data = sock.recv(1, socket.MSG_PEEK & socket.MSG_DONTWAIT)",
     ): "accepted: ended() is called only on a socket select() reported readable, where a blocking, consuming or 2-byte read gives the same answer (end of file, or the byte that ends the watch); spurious readiness cannot be made in a test",
     (
         "wcached/client/lease.py",
@@ -830,22 +739,7 @@ TRIAGE: dict[tuple[str, str, str], str] = {
     (
         "wcached/client/lease.py",
         "_Watcher.__init__",
-        "-        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)\n+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK & os.O_CLOEXEC)",
-    ): "caught: tests/client/test_lease.py::test_one_watcher_for_all_attachments_and_a_planned_restart_is_no_warning, run with the mutant applied: the watcher is made once a process, so coverage gave its start to whichever test attached first",
-    (
-        "wcached/client/lease.py",
-        "_Watcher.__init__",
-        '-        self._thread = threading.Thread(target=self._run, name="wcached-leases", daemon=True)\n+        self._thread = threading.Thread(target=None, name="wcached-leases", daemon=True)',
-    ): "caught: tests/client/test_lease.py::test_one_watcher_for_all_attachments_and_a_planned_restart_is_no_warning, run with the mutant applied: the watcher is made once a process, so coverage gave its start to whichever test attached first",
-    (
-        "wcached/client/lease.py",
-        "_Watcher.__init__",
         '-        self._thread = threading.Thread(target=self._run, name="wcached-leases", daemon=True)\n+        self._thread = threading.Thread(target=self._run, name=None, daemon=True)',
-    ): "caught: tests/client/test_lease.py::test_one_watcher_for_all_attachments_and_a_planned_restart_is_no_warning, run with the mutant applied: the watcher is made once a process, so coverage gave its start to whichever test attached first",
-    (
-        "wcached/client/lease.py",
-        "_Watcher.__init__",
-        '-        self._thread = threading.Thread(target=self._run, name="wcached-leases", daemon=True)\n+        self._thread = threading.Thread(name="wcached-leases", daemon=True)',
     ): "caught: tests/client/test_lease.py::test_one_watcher_for_all_attachments_and_a_planned_restart_is_no_warning, run with the mutant applied: the watcher is made once a process, so coverage gave its start to whichever test attached first",
     (
         "wcached/client/lease.py",
@@ -862,66 +756,6 @@ TRIAGE: dict[tuple[str, str, str], str] = {
         "_Watcher.__init__",
         '-        self._thread = threading.Thread(target=self._run, name="wcached-leases", daemon=True)\n+        self._thread = threading.Thread(target=self._run, name="WCACHED-LEASES", daemon=True)',
     ): "caught: tests/client/test_lease.py::test_one_watcher_for_all_attachments_and_a_planned_restart_is_no_warning, run with the mutant applied: the watcher is made once a process, so coverage gave its start to whichever test attached first",
-    (
-        "wcached/client/lease.py",
-        "_Watcher._run",
-        "-        sel = selectors.DefaultSelector()\n+        sel = None",
-    ): "caught: tests/client/test_lease.py::test_one_watcher_for_all_attachments_and_a_planned_restart_is_no_warning, run with the mutant applied: the watcher is made once a process, so coverage gave its start to whichever test attached first",
-    (
-        "wcached/client/lease.py",
-        "_Watcher._run",
-        "-        sel.register(self._wake_r, selectors.EVENT_READ)\n+        sel.register(None, selectors.EVENT_READ)",
-    ): "caught: tests/client/test_lease.py::test_one_watcher_for_all_attachments_and_a_planned_restart_is_no_warning, run with the mutant applied: the watcher is made once a process, so coverage gave its start to whichever test attached first",
-    (
-        "wcached/client/lease.py",
-        "_Watcher._run",
-        "-        sel.register(self._wake_r, selectors.EVENT_READ)\n+        sel.register(self._wake_r, None)",
-    ): "caught: tests/client/test_lease.py::test_one_watcher_for_all_attachments_and_a_planned_restart_is_no_warning, run with the mutant applied: the watcher is made once a process, so coverage gave its start to whichever test attached first",
-    (
-        "wcached/client/lease.py",
-        "_Watcher._run",
-        "-        sel.register(self._wake_r, selectors.EVENT_READ)\n+        sel.register(selectors.EVENT_READ)",
-    ): "caught: tests/client/test_lease.py::test_one_watcher_for_all_attachments_and_a_planned_restart_is_no_warning, run with the mutant applied: the watcher is made once a process, so coverage gave its start to whichever test attached first",
-    (
-        "wcached/client/lease.py",
-        "_Watcher._run",
-        "-        sel.register(self._wake_r, selectors.EVENT_READ)\n+        sel.register(self._wake_r, )",
-    ): "caught: tests/client/test_lease.py::test_one_watcher_for_all_attachments_and_a_planned_restart_is_no_warning, run with the mutant applied: the watcher is made once a process, so coverage gave its start to whichever test attached first",
-    (
-        "wcached/client/lease.py",
-        "_Watcher._guarded",
-        '-            log.exception("wcached: watching the lease on %s failed; no longer watching it", lease.name)\n+            log.exception(None, lease.name)',
-    ): "caught: tests/client/test_lease.py::test_a_lease_whose_watch_fails_ends_alone_and_says_so, written after the score and run with the mutant applied",
-    (
-        "wcached/client/lease.py",
-        "_Watcher._guarded",
-        '-            log.exception("wcached: watching the lease on %s failed; no longer watching it", lease.name)\n+            log.exception("wcached: watching the lease on %s failed; no longer watching it", None)',
-    ): "caught: tests/client/test_lease.py::test_a_lease_whose_watch_fails_ends_alone_and_says_so, written after the score and run with the mutant applied",
-    (
-        "wcached/client/lease.py",
-        "_Watcher._guarded",
-        '-            log.exception("wcached: watching the lease on %s failed; no longer watching it", lease.name)\n+            log.exception(lease.name)',
-    ): "caught: tests/client/test_lease.py::test_a_lease_whose_watch_fails_ends_alone_and_says_so, written after the score and run with the mutant applied",
-    (
-        "wcached/client/lease.py",
-        "_Watcher._guarded",
-        '-            log.exception("wcached: watching the lease on %s failed; no longer watching it", lease.name)\n+            log.exception("wcached: watching the lease on %s failed; no longer watching it", )',
-    ): "caught: tests/client/test_lease.py::test_a_lease_whose_watch_fails_ends_alone_and_says_so, written after the score and run with the mutant applied",
-    (
-        "wcached/client/lease.py",
-        "_Watcher._guarded",
-        '-            log.exception("wcached: watching the lease on %s failed; no longer watching it", lease.name)\n+            log.exception("XXwcached: watching the lease on %s failed; no longer watching itXX", lease.name)',
-    ): "caught: tests/client/test_lease.py::test_a_lease_whose_watch_fails_ends_alone_and_says_so, written after the score and run with the mutant applied",
-    (
-        "wcached/client/lease.py",
-        "_Watcher._guarded",
-        '-            log.exception("wcached: watching the lease on %s failed; no longer watching it", lease.name)\n+            log.exception("WCACHED: WATCHING THE LEASE ON %S FAILED; NO LONGER WATCHING IT", lease.name)',
-    ): "caught: tests/client/test_lease.py::test_a_lease_whose_watch_fails_ends_alone_and_says_so, written after the score and run with the mutant applied",
-    (
-        "wcached/client/lease.py",
-        "_Watcher._guarded",
-        "-            self.remove(lease)\n+            self.remove(None)",
-    ): "caught: tests/client/test_lease.py::test_a_lease_whose_watch_fails_ends_alone_and_says_so, written after the score and run with the mutant applied",
     (
         "wcached/memory/arena.py",
         "Arena.__init__",
@@ -1068,41 +902,6 @@ TRIAGE: dict[tuple[str, str, str], str] = {
         "-            end = address + nbytes\n+            end = address - nbytes\n# the same change, occurrence 2",
     ): "caught: tests/memory/test_arena.py::test_covered_bytes_are_the_union_of_overlapping_and_nested_spans, run with the mutant applied (written after the score)",
     (
-        "wcached/client/connection.py",
-        "DaemonConnection._connect",
-        "-        self.sock: socket.socket = connect(path, timeout)\n+        self.sock: socket.socket = connect(path, None)",
-    ): "caught: tests/client/test_connection.py::test_a_daemon_whose_backlog_stays_full_times_the_client_out, run with the mutant applied (the connect blocks past the test's bound: a timeout); the score ran other tests first",
-    (
-        "wcached/client/connection.py",
-        "DaemonConnection._connect",
-        "-            self.daemon_pid = check_daemon_peer(self.sock, path, daemon_users)\n+            self.daemon_pid = check_daemon_peer(self.sock, None, daemon_users)",
-    ): "caught: tests/client/test_connection.py::test_socket_served_by_an_untrusted_user_is_refused, run with the mutant applied (the refusal must name the socket path); the score ran other tests first",
-    (
-        "wcached/client/attach.py",
-        "_typed_segment",
-        "-    name = run.names[0]\n+    name = None",
-    ): "caught: tests/client/test_views.py::test_a_missing_segment_or_an_unknown_dtype_is_refused_naming_the_tensor, tests/client/test_views.py::test_views_match_one_view_per_entry_for_any_manifest, run with the mutant applied (the first written after the score)",
-    (
-        "wcached/client/attach.py",
-        "_typed_segment",
-        "-    dtype = getattr(torch, run.dtype, None)\n+    dtype = getattr(torch, run.dtype, )",
-    ): "caught: tests/client/test_views.py::test_a_missing_segment_or_an_unknown_dtype_is_refused_naming_the_tensor, tests/client/test_views.py::test_views_match_one_view_per_entry_for_any_manifest, run with the mutant applied (the first written after the score)",
-    (
-        "wcached/client/lease.py",
-        "LeaseWatch.ended",
-        "-            return False\n+            return True",
-    ): "caught: tests/client/test_lease.py::test_the_watch_reads_a_quiet_connection_as_held_and_a_closed_one_as_ended, run with the mutant applied (written after the score)",
-    (
-        "wcached/client/lease.py",
-        "LeaseWatch.ended",
-        "-            return True\n+            return False",
-    ): "caught: tests/client/test_lease.py::test_the_watch_reads_a_quiet_connection_as_held_and_a_closed_one_as_ended, run with the mutant applied (written after the score)",
-    (
-        "wcached/client/lease.py",
-        "LeaseWatch._not_back_yet",
-        "-                now - self.lost_at,\n+                now + self.lost_at,",
-    ): "caught: tests/client/test_lease.py::test_a_daemon_away_too_long_is_a_warning_and_its_return_too, run with the mutant applied (its first warning's seconds checked since the score)",
-    (
         "wcached/client/lease.py",
         "_Watcher._run",
         "-                events = []\n+                events = None",
@@ -1174,11 +973,6 @@ TRIAGE: dict[tuple[str, str, str], str] = {
         '-        raise ProtocolError("a manifest must carry tensors or runs, not both")\n+        raise ProtocolError("XXa manifest must carry tensors or runs, not bothXX")',
     ): "caught: tests/protocol/test_runs.py::test_a_manifest_with_both_entries_and_runs_is_refused, run with the mutant applied (its message matched whole)",
     # Session 17: the held survivor of client/lease.py, after a test of two lost leases due at different times.
-    (
-        "wcached/client/lease.py",
-        "_Watcher._run",
-        "-                    timeout = wait if timeout is None else min(timeout, wait)\n+                    timeout = wait if (timeout is None) or True else min(timeout, wait)",
-    ): "caught: tests/client/test_lease.py::test_of_two_lost_leases_the_one_due_first_is_tried_first, run with the mutant applied",
     # Session 17: protocol/wire.py scored whole (--max-tests 12); its 27 survivors, after tests of closes inside a frame, frames in pieces, batches past the count, a frame right behind fds, no-timeout connects and a socket the user may not open.
     (
         "wcached/protocol/wire.py",
@@ -2152,4 +1946,309 @@ TRIAGE: dict[tuple[str, str, str], str] = {
         "_with_units",
         "-        match = next((i for i, v in enumerate(views) if {v.instance, v.instance_id} & names), None)\n+        match = None",
     ): "equivalent: the second lookup, made when the first finds nothing, asks for the same names plus the canonical one, so it finds whatever the first would have",
+    (
+        "wcached/daemon/filler.py",
+        "_fill_in_one_worker",
+        "-    parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)\n+    parent, child = socket.socketpair(None, socket.SOCK_STREAM)",
+    ): "equivalent: socketpair's family defaults to AF_UNIX (None included)",
+    (
+        "wcached/daemon/filler.py",
+        "_fill_in_one_worker",
+        "-    parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)\n+    parent, child = socket.socketpair(socket.SOCK_STREAM)",
+    ): "equivalent: SOCK_STREAM is 1, which as a family is AF_UNIX, and the type defaults to SOCK_STREAM",
+    (
+        "wcached/daemon/filler.py",
+        "_fill_in_one_worker",
+        "-    parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)\n+    parent, child = socket.socketpair(socket.AF_UNIX, )",
+    ): "equivalent: socketpair's type defaults to SOCK_STREAM",
+    (
+        "wcached/daemon/filler.py",
+        "_fill_in_one_worker",
+        "-            raise _worker_death(proc, ooms_before) from None\n+            raise _worker_death(proc, None) from None",
+    ): "caught: tests/daemon/test_filler.py::test_a_worker_the_oom_killer_took_mid_fill_is_out_of_memory, run with the mutant applied: WorkerDied instead of OutOfMemory (coverage credited the statement to another test)",
+    (
+        "wcached/daemon/filler.py",
+        "_fill_in_one_worker",
+        '-        current = settings.models[0].name if settings.models else ""\n+        current = settings.models[0].name if (settings.models) or True else ""',
+    ): "equivalent: a worker is started only for a non-empty group of models (fill_models builds the groups from the models), so settings.models is never empty here",
+    (
+        "wcached/daemon/filler.py",
+        "_fill_in_one_worker",
+        '-        current = settings.models[0].name if settings.models else ""\n+        current = settings.models[0].name if settings.models else "XXXX"',
+    ): "equivalent: a worker is started only for a non-empty group of models, so the empty-name branch is never taken",
+    (
+        "wcached/daemon/filler.py",
+        "_fill_in_one_worker",
+        "-                on_tick(current, done, totals.get(current, 0))\n+                on_tick(current, done, totals.get(current, None))",
+    ): "equivalent: totals holds every model of the job from the start (0 until the worker reports one), and a worker reports only the models of its job, so the default is never used",
+    (
+        "wcached/daemon/filler.py",
+        "_fill_in_one_worker",
+        "-                on_tick(current, done, totals.get(current, 0))\n+                on_tick(current, done, totals.get(current, ))",
+    ): "equivalent: totals holds every model of the job from the start (0 until the worker reports one), and a worker reports only the models of its job, so the default is never used",
+    (
+        "wcached/daemon/filler.py",
+        "_fill_in_one_worker",
+        "-                on_tick(current, done, totals.get(current, 0))\n+                on_tick(current, done, totals.get(current, 1))",
+    ): "equivalent: totals holds every model of the job from the start (0 until the worker reports one), and a worker reports only the models of its job, so the default is never used",
+    (
+        "wcached/daemon/filler.py",
+        "_fill_in_one_worker",
+        "-                    MAX_REPLY_BYTES, idle_timeout=WORKER_IO_TIMEOUT_S, frame_timeout=WORKER_IO_TIMEOUT_S\n+                    MAX_REPLY_BYTES, idle_timeout=None, frame_timeout=WORKER_IO_TIMEOUT_S",
+    ): "equivalent: recv is called only once poll(2) said the socket is readable (or closed), so the first byte is there and the idle wait never runs",
+    (
+        "wcached/daemon/filler.py",
+        "_fill_in_one_worker",
+        "-                    MAX_REPLY_BYTES, idle_timeout=WORKER_IO_TIMEOUT_S, frame_timeout=WORKER_IO_TIMEOUT_S\n+                    MAX_REPLY_BYTES, frame_timeout=WORKER_IO_TIMEOUT_S",
+    ): "equivalent: recv is called only once poll(2) said the socket is readable (or closed), so the first byte is there and the idle wait never runs",
+    (
+        "wcached/daemon/filler.py",
+        "_fill_in_one_worker",
+        "-                on_tick(current, done, totals.get(current, 0))\n+                on_tick(current, done, totals.get(current, None))\n# the same change, occurrence 2",
+    ): "equivalent: totals holds every model of the job from the start (0 until the worker reports one), and a worker reports only the models of its job, so the default is never used",
+    (
+        "wcached/daemon/filler.py",
+        "_fill_in_one_worker",
+        "-                on_tick(current, done, totals.get(current, 0))\n+                on_tick(current, done, totals.get(current, ))\n# the same change, occurrence 2",
+    ): "equivalent: totals holds every model of the job from the start (0 until the worker reports one), and a worker reports only the models of its job, so the default is never used",
+    (
+        "wcached/daemon/filler.py",
+        "_fill_in_one_worker",
+        "-                on_tick(current, done, totals.get(current, 0))\n+                on_tick(current, done, totals.get(current, 1))\n# the same change, occurrence 2",
+    ): "equivalent: totals holds every model of the job from the start (0 until the worker reports one), and a worker reports only the models of its job, so the default is never used",
+    (
+        "wcached/daemon/filler.py",
+        "_fill_in_one_worker",
+        "-                    m.total_bytes / 1e9,\n+                    m.total_bytes / 1000000001.0,",
+    ): "accepted: a one-part-in-a-billion change of a figure the log prints to two decimals",
+    (
+        "wcached/daemon/filler.py",
+        "_readable",
+        "-    return bool(p.poll(timeout * 1000))\n+    return bool(p.poll(timeout * 1001))",
+    ): "accepted: the silent worker's poll lasts 0.1% longer (1.001 s for 1 s): a cadence no behaviour depends on",
+    (
+        "wcached/daemon/filler.py",
+        "oom_kills",
+        '-def oom_kills(proc_root: str = "/proc/self", cgroup_root: str = "/sys/fs/cgroup") -> int | None:\n+def oom_kills(proc_root: str = "XX/proc/selfXX", cgroup_root: str = "/sys/fs/cgroup") -> int | None:',
+    ): "accepted: the default roots are the kernel's fixed paths; tests pass their own (the CI host's /proc/self/cgroup and /sys/fs/cgroup vary: this one is cgroup v1 with an empty unified line, where any root gives None)",
+    (
+        "wcached/daemon/filler.py",
+        "oom_kills",
+        '-def oom_kills(proc_root: str = "/proc/self", cgroup_root: str = "/sys/fs/cgroup") -> int | None:\n+def oom_kills(proc_root: str = "/PROC/SELF", cgroup_root: str = "/sys/fs/cgroup") -> int | None:',
+    ): "accepted: the default roots are the kernel's fixed paths; tests pass their own (the CI host's /proc/self/cgroup and /sys/fs/cgroup vary: this one is cgroup v1 with an empty unified line, where any root gives None)",
+    (
+        "wcached/daemon/filler.py",
+        "oom_kills",
+        '-def oom_kills(proc_root: str = "/proc/self", cgroup_root: str = "/sys/fs/cgroup") -> int | None:\n+def oom_kills(proc_root: str = "/proc/self", cgroup_root: str = "XX/sys/fs/cgroupXX") -> int | None:',
+    ): "accepted: the default roots are the kernel's fixed paths; tests pass their own (the CI host's /proc/self/cgroup and /sys/fs/cgroup vary: this one is cgroup v1 with an empty unified line, where any root gives None)",
+    (
+        "wcached/daemon/filler.py",
+        "oom_kills",
+        '-def oom_kills(proc_root: str = "/proc/self", cgroup_root: str = "/sys/fs/cgroup") -> int | None:\n+def oom_kills(proc_root: str = "/proc/self", cgroup_root: str = "/SYS/FS/CGROUP") -> int | None:',
+    ): "accepted: the default roots are the kernel's fixed paths; tests pass their own (the CI host's /proc/self/cgroup and /sys/fs/cgroup vary: this one is cgroup v1 with an empty unified line, where any root gives None)",
+    (
+        "wcached/daemon/filler.py",
+        "oom_kills",
+        '-                key, _, value = line.partition(" ")\n+                key, _, value = line.rpartition(" ")',
+    ): "equivalent: memory.events lines are a key, one space and a number, so the first and last space are the same",
+    (
+        "wcached/memory/kernel_cache.py",
+        "entry",
+        '-    key = hashlib.sha256("\\0".join(inputs).encode()).hexdigest()[:32]\n+    key = hashlib.sha256("XX\\0XX".join(inputs).encode()).hexdigest()[:32]',
+    ): "equivalent: another separator that still keeps the inputs apart; store and load name the file alike (an upgrade that changes it costs one build)",
+    (
+        "wcached/memory/kernel_cache.py",
+        "entry",
+        '-    key = hashlib.sha256("\\0".join(inputs).encode()).hexdigest()[:32]\n+    key = hashlib.sha256("\\0".join(inputs).encode()).hexdigest()[:33]',
+    ): "equivalent: a name one hex digit longer for the same inputs; store and load name the file alike (an upgrade that changes it costs one build)",
+    (
+        "wcached/memory/kernel_cache.py",
+        "store",
+        "-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)\n+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW & os.O_CLOEXEC, 0o644)",
+    ): "equivalent: O_CREAT|O_EXCL already refuses any existing name, a symlink included, and the fd is closed before anything could fork, so neither flag changes what happens",
+    (
+        "wcached/client/attach.py",
+        "attach",
+        "-    conn = DaemonConnection(path, timeout=timeout, client=client)\n+    conn = DaemonConnection(path, timeout=timeout, client=None)",
+    ): "caught: tests/client/test_lease.py::test_a_lease_taken_up_again_keeps_its_client_name_and_key, beyond the 12 tests the score ran for it (status lists the engine under the name it gave)",
+    (
+        "wcached/client/attach.py",
+        "attach",
+        "-    conn = DaemonConnection(path, timeout=timeout, client=client)\n+    conn = DaemonConnection(path, timeout=timeout, )",
+    ): "caught: tests/client/test_lease.py::test_a_lease_taken_up_again_keeps_its_client_name_and_key, beyond the 12 tests the score ran for it (status lists the engine under the name it gave)",
+    (
+        "wcached/client/attach.py",
+        "attach",
+        "-            backend = get_backend(backends.pop(), manifest.segments[0].device)\n+            backend = get_backend(backends.pop(), None)",
+    ): "accepted: the device names the GPU only for the cuda backend (its handles are imported there); host memory ignores it, and the cuda path's tests run on the GPU machine (tests/memory/test_cuda.py), which CI and the score do not have",
+    (
+        "wcached/client/attach.py",
+        "attach",
+        "-            attachment.watch = LeaseWatch(attachment, dict(expect or {}), client)\n+            attachment.watch = LeaseWatch(attachment, dict(expect or {}), None)",
+    ): "caught: tests/client/test_lease.py::test_a_lease_taken_up_again_keeps_its_client_name_and_key, beyond the 12 tests the score ran for it",
+    (
+        "wcached/client/connection.py",
+        "DaemonConnection.attach",
+        "-        reply = self.request(Attach(model=model, expect=dict(expect or {})))\n+        reply = self.request(Attach(model=model, ))",
+    ): "caught: tests/client/test_attach.py::test_expected_key_matches_and_mismatch_names_fields, beyond the 12 tests the score ran for it",
+    (
+        "wcached/client/lease.py",
+        "LeaseWatch.try_again",
+        "-            conn = DaemonConnection(path, timeout=timeout, client=self.client)\n+            conn = DaemonConnection(path, timeout=timeout, client=None)",
+    ): "caught: tests/client/test_lease.py::test_a_lease_taken_up_again_keeps_its_client_name_and_key, written after the score",
+    (
+        "wcached/client/lease.py",
+        "LeaseWatch.try_again",
+        "-            conn = DaemonConnection(path, timeout=timeout, client=self.client)\n+            conn = DaemonConnection(path, timeout=timeout, )",
+    ): "caught: tests/client/test_lease.py::test_a_lease_taken_up_again_keeps_its_client_name_and_key, written after the score",
+    (
+        "wcached/client/lease.py",
+        "LeaseWatch.try_again",
+        "-                manifest, fds = conn.attach(name, self.expect)\n+                manifest, fds = conn.attach(name, None)",
+    ): "equivalent: the re-attach compares the whole manifest, its key included, with the one mapped, so a daemon holding another key is not taken up whether or not the expected fields travel (a mismatch reply or an attached reply of another key both end as another fill)",
+    (
+        "wcached/client/lease.py",
+        "LeaseWatch.try_again",
+        "-                manifest, fds = conn.attach(name, self.expect)\n+                manifest, fds = conn.attach(name, )",
+    ): "equivalent: the re-attach compares the whole manifest, its key included, with the one mapped, so a daemon holding another key is not taken up whether or not the expected fields travel (a mismatch reply or an attached reply of another key both end as another fill)",
+    (
+        "wcached/client/lease.py",
+        "LeaseWatch.try_again",
+        "-                same = False  # another fill: said below, no retry fixes it\n+                same = None  # another fill: said below, no retry fixes it",
+    ): "equivalent: None is falsy as False; only `if not same` reads it",
+    (
+        "wcached/client/lease.py",
+        "LeaseWatch.try_again",
+        "-                same = False  # another fill: said below, no retry fixes it\n+                same = True  # another fill: said below, no retry fixes it",
+    ): "caught: tests/client/test_lease.py::test_a_daemon_back_with_another_key_than_the_engine_required_is_not_taken_up, written after the score",
+    (
+        "wcached/daemon/server.py",
+        "Server.__init__",
+        "-        self._starved = False  # accept() ran out of fds\n+        self._starved = None  # accept() ran out of fds",
+    ): "equivalent: None is falsy as False, and only `if self._starved` and `if not self._starved` read it",
+    (
+        "wcached/daemon/server.py",
+        "Server.__init__",
+        "-        self._busy_logged_at = 0.0\n+        self._busy_logged_at = 1.0",
+    ): "equivalent: CLOCK_MONOTONIC counts from boot, so at a host's first refusal now - 1.0 >= 1.0 holds as surely as now - 0.0 does (a daemon is never up in its host's first two seconds)",
+    (
+        "wcached/daemon/server.py",
+        "Server.__init__",
+        "-        self._own_probe = False  # the daemon's own liveness probe is being served\n+        self._own_probe = None  # the daemon's own liveness probe is being served",
+    ): "equivalent: None is falsy as False, and only `if ... or self._own_probe` reads it",
+    (
+        "wcached/daemon/server.py",
+        "Server.bind",
+        "-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)\n+        sock = socket.socket(socket.AF_UNIX, )",
+    ): "equivalent: SOCK_STREAM is socket()'s default type, and Python creates every socket non-inheritable (PEP 446 adds SOCK_CLOEXEC itself); test_the_socket_appears_listening_0660\u2026 checks both",
+    (
+        "wcached/daemon/server.py",
+        "Server.bind",
+        "-            sock.listen(128)\n+            sock.listen(129)",
+    ): "accepted: the backlog's length is a tuning figure; no client can tell 128 queued connections from 129 short of that many connecting in one instant",
+    (
+        "wcached/daemon/server.py",
+        "Server.bind",
+        "-            with contextlib.suppress(FileNotFoundError):\n+            with contextlib.suppress(None):",
+    ): "equivalent: the temporary name is bound by this process under the instance's lock and exists until the rename, the last step that can fail, so the cleanup's unlink finds it; only another process unlinking it in that window would raise FileNotFoundError",
+    (
+        "wcached/daemon/server.py",
+        "Server.accept_pending",
+        "-                conn.setblocking(True)\n+                conn.setblocking(False)",
+    ): "equivalent: every send and recv of a Channel sets the socket's timeout first (settimeout), which sets its blocking mode, and reading the peer's credentials is a getsockopt",
+    (
+        "wcached/daemon/server.py",
+        "Server.accept_pending",
+        "-                threading.Thread(target=self._serve_probe, args=(conn,), daemon=True).start()\n+                threading.Thread(target=self._serve_probe, args=(conn,), daemon=None).start()",
+    ): "accepted: at stop close() shuts down every session's socket, so connection threads end with it and the interpreter's exit waits on none of them either way (a thread not yet a session is reading its peer's credentials, microseconds)",
+    (
+        "wcached/daemon/server.py",
+        "Server.accept_pending",
+        "-                threading.Thread(target=self._serve_probe, args=(conn,), daemon=True).start()\n+                threading.Thread(target=self._serve_probe, args=(conn,), ).start()",
+    ): "accepted: at stop close() shuts down every session's socket, so connection threads end with it and the interpreter's exit waits on none of them either way (a thread not yet a session is reading its peer's credentials, microseconds)",
+    (
+        "wcached/daemon/server.py",
+        "Server.accept_pending",
+        "-                threading.Thread(target=self._serve_probe, args=(conn,), daemon=True).start()\n+                threading.Thread(target=self._serve_probe, args=(conn,), daemon=False).start()",
+    ): "accepted: at stop close() shuts down every session's socket, so connection threads end with it and the interpreter's exit waits on none of them either way (a thread not yet a session is reading its peer's credentials, microseconds)",
+    (
+        "wcached/daemon/server.py",
+        "Server.accept_pending",
+        "-            conn.setblocking(True)\n+            conn.setblocking(False)",
+    ): "equivalent: every send and recv of a Channel sets the socket's timeout first (settimeout), which sets its blocking mode, and reading the peer's credentials is a getsockopt",
+    (
+        "wcached/daemon/server.py",
+        "Server.accept_pending",
+        "-            threading.Thread(target=self._serve_counted, args=(conn,), daemon=True).start()\n+            threading.Thread(target=self._serve_counted, args=(conn,), daemon=None).start()",
+    ): "accepted: at stop close() shuts down every session's socket, so connection threads end with it and the interpreter's exit waits on none of them either way (a thread not yet a session is reading its peer's credentials, microseconds)",
+    (
+        "wcached/daemon/server.py",
+        "Server.accept_pending",
+        "-            threading.Thread(target=self._serve_counted, args=(conn,), daemon=True).start()\n+            threading.Thread(target=self._serve_counted, args=(conn,), ).start()",
+    ): "accepted: at stop close() shuts down every session's socket, so connection threads end with it and the interpreter's exit waits on none of them either way (a thread not yet a session is reading its peer's credentials, microseconds)",
+    (
+        "wcached/daemon/server.py",
+        "Server.accept_pending",
+        "-            threading.Thread(target=self._serve_counted, args=(conn,), daemon=True).start()\n+            threading.Thread(target=self._serve_counted, args=(conn,), daemon=False).start()",
+    ): "accepted: at stop close() shuts down every session's socket, so connection threads end with it and the interpreter's exit waits on none of them either way (a thread not yet a session is reading its peer's credentials, microseconds)",
+    (
+        "wcached/daemon/server.py",
+        "Server._refuse_busy",
+        "-            if now - self._busy_logged_at >= 1.0:  # one line a second, however many\n+            if now - self._busy_logged_at > 1.0:  # one line a second, however many",
+    ): "accepted: a line when exactly one second (to the float) or just over it has passed: the once-a-second cadence either way",
+    (
+        "wcached/daemon/server.py",
+        "Server._refuse_busy",
+        '-            self._try_send(Channel(conn, Request), self._error_reply(Busy.code, "too many clients"), 0.0)\n+            self._try_send(Channel(conn, None), self._error_reply(Busy.code, "too many clients"), 0.0)',
+    ): "equivalent: a Channel's message type decodes what it receives; the refusal only sends",
+    (
+        "wcached/daemon/server.py",
+        "Server._converse",
+        "-                timeout=timeout,\n+                timeout=None,",
+    ): "equivalent: the welcome is the first frame the server sends on a connection, into an empty socket buffer: its send never waits",
+    (
+        "wcached/daemon/server.py",
+        "Server._converse",
+        "-                timeout=timeout,\n-            )\n+                )",
+    ): "equivalent: the welcome is the first frame the server sends on a connection, into an empty socket buffer: its send never waits",
+    (
+        "wcached/daemon/server.py",
+        "Server._dispatch",
+        '-            raise BadRequest(f"unexpected request {type(request).__name__}")\n+            raise BadRequest(None)',
+    ): "equivalent: unreachable: Request decodes only to Hello, Attach, StatusRequest or Release, each handled above",
+    (
+        "wcached/daemon/server.py",
+        "Server._dispatch",
+        '-            raise BadRequest(f"unexpected request {type(request).__name__}")\n+            raise BadRequest(f"unexpected request {type(None).__name__}")',
+    ): "equivalent: unreachable: Request decodes only to Hello, Attach, StatusRequest or Release, each handled above",
+    (
+        "wcached/daemon/server.py",
+        "Server.accept_pending",
+        "-                    if not self._starved:\n+                    if self._starved:",
+    ): "caught: tests/daemon/test_server.py::test_out_of_fds_pauses_accepts_said_once_until_one_is_accepted, sharpened after the score (said at the first starvation), run with the mutant applied",
+    (
+        "wcached/daemon/server.py",
+        "Server.accept_pending",
+        "-                self._starved = False\n+                self._starved = None",
+    ): "equivalent: None is falsy as False, and only `if self._starved` and `if not self._starved` read it",
+    (
+        "wcached/daemon/server.py",
+        "Server._is_own_probe",
+        "-            return False\n+            return True",
+    ): "accepted: a peer whose credentials cannot be read is not served either way: refused busy, or taken as the probe and dropped by _serve_connection's own read of them (test_a_peer_whose_credentials_cannot_be_read_is_dropped_unserved); the probe's flag is cleared when its thread ends",
+    (
+        "wcached/daemon/server.py",
+        "Server._serve_probe",
+        "-                self._own_probe = False\n+                self._own_probe = None",
+    ): "equivalent: None is falsy as False, and only `if ... or self._own_probe` reads it",
+    (
+        "wcached/daemon/server.py",
+        "Server._converse",
+        "-                    request = chan.recv(MAX_REQUEST_BYTES, idle_timeout=None, frame_timeout=timeout)\n+                    request = chan.recv(MAX_REQUEST_BYTES, frame_timeout=timeout)",
+    ): "equivalent: Channel.recv's idle_timeout defaults to None, the value passed",
+    (
+        "wcached/daemon/server.py",
+        "Server.status",
+        "-            uptime_s=round(now - self.started, 3),\n+            uptime_s=round(3),",
+    ): "caught: tests/daemon/test_server.py::test_status_says_how_long_the_daemon_and_each_lease_have_been_there_in_milliseconds, sharpened after the score (uptime within 2 s of the lease's age), run with the mutant applied",
 }
