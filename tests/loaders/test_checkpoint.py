@@ -672,3 +672,76 @@ def test_a_file_between_one_and_two_samples_has_its_last_byte_seen(tmp_path: Pat
     before = Checkpoint(f).fingerprint()
     _same_stamps(f, lambda fh: (fh.seek(-1, os.SEEK_END), fh.write(b"\1")))
     assert Checkpoint(f).fingerprint() != before
+
+
+def _stored(f: Path) -> list[tuple]:
+    return [
+        (t.name, t.dtype.safetensors, t.shape, t.data_start, t.nbytes)
+        for t in Checkpoint(f).headers().tensors
+    ]
+
+
+def test_a_header_written_loosely_reads_as_the_same_tensors(tmp_path: Path) -> None:
+    """Numbers written as strings or floats, metadata holding keys named like
+    an entry's, metadata that is no object: what ``int()`` takes was always
+    accepted, and still is, whichever decoder reads the header."""
+    strict = {
+        "__metadata__": {"format": "pt"},
+        "w": {"dtype": "F32", "shape": [2, 1], "data_offsets": [0, 8]},
+    }
+    want = _stored(_raw_file(tmp_path / "strict.safetensors", strict, b"\0" * 8))
+    assert want == [("w", "F32", (2, 1), 8 + len(json.dumps(strict)), 8)]
+    for i, header in enumerate(
+        [
+            {"w": {"dtype": "F32", "shape": ["2", 1], "data_offsets": [0, 8]}},
+            {"w": {"dtype": "F32", "shape": [2.0, 1], "data_offsets": [0.0, 8]}},
+            {"__metadata__": {"shape": "rows", "dtype": "none"}, "w": strict["w"]},
+            {"__metadata__": "pt", "w": strict["w"]},
+        ]
+    ):
+        f = _raw_file(tmp_path / f"loose{i}.safetensors", header, b"\0" * 8)
+        got = _stored(f)
+        base = f.stat().st_size - 8
+        assert got == [("w", "F32", (2, 1), base, 8)], header
+
+
+@pytest.mark.parametrize(
+    ("entry", "problem"),
+    [
+        ({"dtype": ["F32"], "shape": [2], "data_offsets": [0, 8]}, r"unsupported dtype \['F32'\]"),
+        ({"dtype": "F32", "shape": [2], "data_offsets": [0, 4, 8]}, "malformed header entry"),
+        ({"dtype": "F32", "shape": [2]}, "malformed header entry"),
+        ({"shape": [2], "data_offsets": [0, 8]}, "malformed header entry"),
+        ({"dtype": "F32", "data_offsets": [0, 8]}, "malformed header entry"),
+        ({"dtype": "F32", "shape": 2, "data_offsets": [0, 8]}, "malformed header entry"),
+        ({"dtype": "F32", "shape": [2], "data_offsets": [-8, 0]}, r"data_offsets \[-8, 0\] hold 8 bytes"),
+    ],
+)
+def test_an_entry_that_breaks_the_format_is_named_whichever_decoder_met_it(
+    tmp_path: Path, entry: dict, problem: str
+) -> None:
+    """A well-formed header is decoded into structs, anything else by hand:
+    each malformed entry is a corrupt checkpoint naming file and tensor (a
+    dtype that is not a string included, which could not be looked up)."""
+    f = _raw_file(
+        tmp_path / "x.safetensors",
+        {"ok": {"dtype": "U8", "shape": [0], "data_offsets": [0, 0]}, "w": entry},
+        b"\0" * 8,
+    )
+    with pytest.raises(CheckpointCorrupt, match=problem) as e:
+        Checkpoint(f).headers()
+    assert str(e.value).startswith(f"{f}: tensor 'w': ")
+
+
+def test_a_well_formed_header_is_decoded_without_the_loose_path(tmp_path: Path, monkeypatch) -> None:
+    """The speed of a fill of many tensors rests on this (the loose path took
+    4x as long over 5,000 entries: bench/attach_cuda.py's headers phase)."""
+    import wcached.loaders.checkpoint as checkpoint
+
+    ckpt = write_sharded(tmp_path / "c", {f"t{i}": torch.ones(i + 1) for i in range(20)}, shards=2)
+
+    def refuse(*a: object) -> None:
+        raise AssertionError("a well-formed header went through the loose path")
+
+    monkeypatch.setattr(checkpoint, "_parse_header_loosely", refuse)
+    assert len(Checkpoint(ckpt).headers().tensors) == 20
