@@ -226,3 +226,59 @@ def test_runs_of_small_and_chunk_sized_tensors_fill_bit_exact(work: Path) -> Non
             got = as_bytes(a.tensors[name]).cpu()
             assert torch.equal(got, as_bytes(t)), name
             assert digests[name] == tensor_digest.torch_digest(as_bytes(t).reshape(-1)), name
+
+
+@pytest.mark.parametrize(("read_threads", "announced"), [(4, 4), (4, 1), (3, None)])
+def test_staging_buffers_pinned_ahead_or_on_demand_copy_every_byte(
+    work: Path, read_threads: int, announced: int | None
+) -> None:
+    """Buffers pinned ahead for every reader, for fewer readers than read
+    (the rest pinned when asked) or for none (a copy no loader announced):
+    the filled memory's digests are those of the checkpoint's bytes, and
+    closing the backend frees every buffer with no copy in flight."""
+    import torch
+    from safetensors.torch import load_file
+
+    from wcached import tensor_digest
+    from wcached.device import resolve_instance
+    from wcached.loaders.safetensors import SafetensorsLoader, SafetensorsModel
+    from wcached.memory.cuda import STAGING_CHUNK, CudaBackend
+    from wcached.protocol.wire import close_fds
+
+    g = torch.Generator().manual_seed(3)
+    tensors = {f"t{i}": torch.randn(STAGING_CHUNK // 4 + 17 * i, generator=g) for i in range(24)}
+    ckpt = write_sharded(work / "pool", tensors, shards=2)
+    backend = CudaBackend(resolve_instance("0").instance_id)
+    backend.prepare_fill()
+    if announced is not None:
+        backend.prepare_staging(announced)
+    backend.prepare_staging = lambda threads: None  # the loader's announcement is the one above
+    model = SafetensorsModel(name="m", path=str(ckpt), read_threads=read_threads).parsed()
+    filled = SafetensorsLoader().fill(model, backend, "0", lambda *a: None)
+    backend.close()
+    close_fds(filled.fds)
+    ref = {}
+    for f in sorted(ckpt.glob("*.safetensors")):
+        ref.update(load_file(str(f)))
+    assert filled.manifest.attrs["digest"] == tensor_digest.DEVICE
+    for t in filled.manifest.tensors:
+        assert t.digest == tensor_digest.torch_digest(as_bytes(ref[t.name]).reshape(-1).cuda()), t.name
+
+
+def test_a_pinning_failure_reaches_the_reader_that_needs_a_buffer(monkeypatch) -> None:
+    """Buffers are pinned on a thread of their own: an allocation that fails
+    there is raised where a reader asks for a buffer, as the driver said it."""
+    from wcached.device import resolve_instance
+    from wcached.errors import OutOfMemory
+    from wcached.memory import cuda
+
+    def no_pinned_memory(cu, nbytes):
+        raise OutOfMemory(f"cuMemHostAlloc: GPU out of memory ({nbytes} bytes)")
+
+    monkeypatch.setattr(cuda, "_pin", no_pinned_memory)
+    backend = cuda.CudaBackend(resolve_instance("0").instance_id)
+    backend.prepare_fill()
+    backend.prepare_staging(2)
+    with pytest.raises(OutOfMemory, match=rf"\({2 * cuda.STAGING_BUFFERS * cuda.STAGING_CHUNK} bytes\)"):
+        backend.staging()
+    backend.close()

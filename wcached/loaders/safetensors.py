@@ -74,6 +74,7 @@ class SafetensorsLoader:
         self, model: SafetensorsModel, backend: MemoryBackend, instance: str, progress: ProgressFn
     ) -> FilledModel:
         clock = PhaseClock()
+        backend.prepare_staging(model.reader_count(backend.auto_readers))
         ckpt = Checkpoint(model.path).headers()
         clock.lap("headers")
         names = {t.name for t in ckpt.tensors}

@@ -145,6 +145,11 @@ class MemoryBackend(abc.ABC):
     def prepare_fill(self) -> None:  # noqa: B027 - an optional hook
         """One-time setup before filling (a CUDA context); nothing by default."""
 
+    def prepare_staging(self, threads: int) -> None:  # noqa: B027 - an optional hook
+        """A fill is about to copy through ``threads`` reader threads: a
+        backend that stages bytes may start preparing its buffers now, while
+        the loader reads headers and allocates segments. Nothing by default."""
+
     def after_fill_digest(self) -> str | None:
         """The digest algorithm (:mod:`wcached.tensor_digest`) this backend
         computes over its own filled memory, off the copy path
