@@ -50,13 +50,15 @@ def generate(out: Path, shapes: list[tuple[str, tuple[int, ...]]], shards: int) 
     if (out / "model.safetensors.index.json").exists():
         return
     out.mkdir(parents=True, exist_ok=True)
-    g = torch.Generator(device="cuda").manual_seed(0)
+    # On the GPU where there is one (fast); on the CPU for the host path.
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    g = torch.Generator(device=dev).manual_seed(0)
     per = -(-len(shapes) // shards)
     weight_map = {}
     for s in range(shards):
         part = shapes[s * per : (s + 1) * per]
         tensors = {
-            n: (torch.randn(shape, generator=g, device="cuda", dtype=torch.bfloat16) * 0.02).cpu()
+            n: (torch.randn(shape, generator=g, device=dev, dtype=torch.bfloat16) * 0.02).cpu()
             for n, shape in part
         }
         name = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
