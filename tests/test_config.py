@@ -489,6 +489,30 @@ def test_an_instance_table_overrides_the_daemons_access_lists_and_the_rest_is_th
     assert (default.allowed_users, default.allowed_groups) == (("alice",), ("render",))
     for s in (own, default):
         assert (s.worker_python, s.log_level, s.source) == ("/opt/engine/bin/python3", "debug", str(path))
+        assert s.worker_interpreter == "/opt/engine/bin/python3"
+    assert instance_settings(load_config(_write(tmp_path, "")), "cpu0").worker_interpreter == sys.executable
+
+
+def test_access_list_errors_name_the_key_the_list_came_from(tmp_path: Path) -> None:
+    """An instance's table by whichever name it matched (a GPU's index beside
+    its UUID) where it sets the list; the daemon's where it does not."""
+    path = _write(
+        tmp_path,
+        '[daemon]\nallowed_users = ["alice"]\nallowed_groups = ["render"]\n'
+        '[instance."0"]\nallowed_users = ["bob"]\n',
+    )
+    cfg = load_config(path)
+    gpu = instance_settings(cfg, "GPU-0a1b2c3d-0000-0000-0000-000000000000", ("0",))
+    assert (gpu.allowed_users, gpu.allowed_groups) == (("bob",), ("render",))
+    assert (gpu.allowed_users_key, gpu.allowed_groups_key) == (
+        "instance.0.allowed_users",
+        "daemon.allowed_groups",
+    )
+    other = instance_settings(cfg, "cpu1")
+    assert (other.allowed_users_key, other.allowed_groups_key) == (
+        "daemon.allowed_users",
+        "daemon.allowed_groups",
+    )
 
 
 @pytest.mark.parametrize(
@@ -551,3 +575,24 @@ def test_two_instance_tables_naming_one_device_name_the_file_and_the_second(tmp_
     assert str(e.value) == (
         f"{path}: key 'instance.0': instance tables '{uuid}' and '0' both name {uuid}: keep one"
     )
+
+
+def test_check_config_names_each_unknown_user_and_group_once_under_the_key_it_came_from(
+    tmp_path: Path,
+) -> None:
+    """A [daemon] list that instances inherit is told once, under [daemon]; an
+    instance's own list under its table; a bad user hides no bad group."""
+    from wcached.cli.check_config import problems
+
+    path = _write(
+        tmp_path,
+        '[daemon]\nallowed_users = ["no-such-user-a"]\nallowed_groups = ["no-such-group-a"]\n'
+        '[instance."cpu1"]\nallowed_groups = ["root", "no-such-group-b"]\n'
+        '[instance."cpu2"]\nallowed_users = ["root"]\n',
+    )
+    access = [p for p in problems(load_config(path)) if "no such" in p]
+    assert access == [
+        f"{path}: key 'daemon.allowed_users[0]': no such user 'no-such-user-a'",
+        f"{path}: key 'daemon.allowed_groups[0]': no such group 'no-such-group-a'",
+        f"{path}: key 'instance.cpu1.allowed_groups[1]': no such group 'no-such-group-b'",
+    ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import typing
 from pathlib import Path
 from typing import Literal
@@ -101,12 +102,23 @@ class InstanceSettings(msgspec.Struct, frozen=True, kw_only=True):
     metrics_port: int = 0
     # The key metrics_port came from, for errors about the port (in use).
     metrics_port_key: str = "daemon.metrics_port"
+    # The keys allowed_users and allowed_groups came from (an instance's table
+    # where it sets them, by whichever name it matched; else [daemon]), for
+    # errors about a name that does not resolve.
+    allowed_users_key: str = "daemon.allowed_users"
+    allowed_groups_key: str = "daemon.allowed_groups"
     # The config file this came from (for errors that name it).
     source: str = ""
 
     @property
     def socket_path(self) -> str:
         return os.path.join(self.socket_dir, f"{self.instance_id}.sock")
+
+    @property
+    def worker_interpreter(self) -> str:
+        """The Python the loader worker runs, and whose environment a fill's
+        provenance records: ``worker_python``, else the daemon's own."""
+        return self.worker_python or sys.executable
 
     @property
     def lock_path(self) -> str:
@@ -348,6 +360,11 @@ def instance_settings(
                     f"{d.metrics_port} + device index {index} of {instance_id} = {metrics_port} "
                     f"is over {MAX_PORT}: lower it, or give this instance a metrics_port of its own",
                 )
+    users_key, groups_key = "daemon.allowed_users", "daemon.allowed_groups"
+    if table.allowed_users is not None:
+        users_key = f"instance.{table_name}.allowed_users"
+    if table.allowed_groups is not None:
+        groups_key = f"instance.{table_name}.allowed_groups"
     return InstanceSettings(
         instance_id=instance_id,
         socket_dir=d.socket_dir,
@@ -361,6 +378,8 @@ def instance_settings(
         metrics_dir=d.metrics_dir,
         metrics_port=metrics_port,
         metrics_port_key=port_key,
+        allowed_users_key=users_key,
+        allowed_groups_key=groups_key,
         source=cfg.source,
     )
 

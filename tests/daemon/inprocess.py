@@ -77,7 +77,7 @@ def settings_for(socket_dir: Path, **kw: object) -> InstanceSettings:
 
 
 def open_policy() -> AccessPolicy:
-    return AccessPolicy.from_names((), (), "", "daemon.")
+    return AccessPolicy.from_names((), (), "", "daemon.allowed_users", "daemon.allowed_groups")
 
 
 @contextlib.contextmanager

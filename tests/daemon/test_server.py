@@ -605,7 +605,9 @@ def _as_test_user(server: Server, ask: str) -> tuple[tuple[int, int, int], str]:
 
 
 def _policy(**names: tuple[str, ...]) -> AccessPolicy:
-    return AccessPolicy.from_names(names.get("users", ()), names.get("groups", ()), "", "daemon.")
+    return AccessPolicy.from_names(
+        names.get("users", ()), names.get("groups", ()), "", "daemon.allowed_users", "daemon.allowed_groups"
+    )
 
 
 def test_a_user_the_policy_does_not_allow_is_refused_by_uid_and_nothing_is_served(

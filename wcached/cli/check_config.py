@@ -25,21 +25,32 @@ def problems(cfg: Config) -> list[str]:
     """Every problem found, as the current user; empty if none."""
     found: list[str] = []
 
-    def check(fn, *args) -> None:
+    def check(fn, *args):
         try:
-            fn(*args)
+            return fn(*args)
         except WcacheError as e:
-            found.append(str(e))
+            if str(e) not in found:  # a [daemon] list that instances inherit: told once
+                found.append(str(e))
+            return None
 
     from wcached.daemon.peers import AccessPolicy
 
     d = cfg.daemon
-    check(AccessPolicy.from_names, tuple(d.allowed_users), tuple(d.allowed_groups), cfg.source, "daemon.")
-    for name, table in cfg.instance.items():
-        users = tuple(table.allowed_users if table.allowed_users is not None else d.allowed_users)
-        groups = tuple(table.allowed_groups if table.allowed_groups is not None else d.allowed_groups)
-        check(AccessPolicy.from_names, users, groups, cfg.source, f"instance.{name}.")
-        check(instance_settings, cfg, name)
+
+    def check_names(users: tuple[str, ...], groups: tuple[str, ...], users_key: str, groups_key: str) -> None:
+        # Each list on its own: a bad user does not hide a bad group.
+        check(AccessPolicy.from_names, users, (), cfg.source, users_key, groups_key)
+        check(AccessPolicy.from_names, (), groups, cfg.source, users_key, groups_key)
+
+    check_names(
+        tuple(d.allowed_users), tuple(d.allowed_groups), "daemon.allowed_users", "daemon.allowed_groups"
+    )
+    for name in cfg.instance:
+        # The lists as the instance's daemon resolves them (instance_settings
+        # owns which table each comes from), under the keys it would name.
+        s = check(instance_settings, cfg, name)
+        if s is not None:
+            check_names(s.allowed_users, s.allowed_groups, s.allowed_users_key, s.allowed_groups_key)
     check(check_socket_path, cfg)
     if os.path.isdir(d.socket_dir):
         from wcached.daemon.service import check_socket_dir

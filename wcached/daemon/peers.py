@@ -66,24 +66,28 @@ class AccessPolicy:
 
     @classmethod
     def from_names(
-        cls, users: tuple[str, ...], groups: tuple[str, ...], config_path: str, key_prefix: str
+        cls,
+        users: tuple[str, ...],
+        groups: tuple[str, ...],
+        config_path: str,
+        users_key: str,
+        groups_key: str,
     ) -> AccessPolicy:
+        """The policy of these user and group names (or numeric ids); a name
+        that does not resolve is a ConfigError naming ``config_path`` and the
+        key it came from with its position (``users_key[i]``)."""
         uids = set()
         for i, name in enumerate(users):
             try:
                 uids.add(int(name) if name.isdigit() else pwd.getpwnam(name).pw_uid)
             except KeyError:
-                raise ConfigError(
-                    config_path, f"{key_prefix}allowed_users[{i}]", f"no such user {name!r}"
-                ) from None
+                raise ConfigError(config_path, f"{users_key}[{i}]", f"no such user {name!r}") from None
         gids = set()
         for i, name in enumerate(groups):
             try:
                 gids.add(int(name) if name.isdigit() else grp.getgrnam(name).gr_gid)
             except KeyError:
-                raise ConfigError(
-                    config_path, f"{key_prefix}allowed_groups[{i}]", f"no such group {name!r}"
-                ) from None
+                raise ConfigError(config_path, f"{groups_key}[{i}]", f"no such group {name!r}") from None
         return cls(os.getuid(), frozenset(uids), frozenset(gids))
 
     def allows(self, peer: PeerCredentials) -> bool:

@@ -63,9 +63,7 @@ class Service:
         self.policy = policy
         self.notifier = Notifier()
         self.store = FdStore(self.notifier)
-        self.holdings = Holdings(
-            settings.models, device, self.store, settings.worker_python or sys.executable
-        )
+        self.holdings = Holdings(settings.models, device, self.store, settings.worker_interpreter)
         self.stop_signal: int | None = None
         self.server: Server | None = None
         self.metrics = metrics_for(settings, device)
@@ -324,8 +322,13 @@ def serve(instance: str, config_path: str | None) -> int:
         setup_logging(settings.log_level)
         if not settings.models:
             raise ConfigError(cfg.source, "model", f"no [[model]] is configured for {instance}")
-        prefix = f"instance.{instance}." if instance in cfg.instance else "daemon."
-        policy = AccessPolicy.from_names(settings.allowed_users, settings.allowed_groups, cfg.source, prefix)
+        policy = AccessPolicy.from_names(
+            settings.allowed_users,
+            settings.allowed_groups,
+            cfg.source,
+            settings.allowed_users_key,
+            settings.allowed_groups_key,
+        )
         log.info(
             "wcached %s starting %s (%s) with %s", __version__, device.instance_id, device.name, cfg.source
         )
