@@ -4,6 +4,7 @@ service's main loop, metrics and fill in this process."""
 from __future__ import annotations
 
 import contextlib
+import grp
 import logging
 import os
 import pwd
@@ -28,6 +29,7 @@ import torch
 
 from tests.daemon.inprocess import DEVICE, filled_holdings, open_policy, settings_for, until
 from tests.helpers import (
+    TEST_USER,
     NotifyListener,
     as_bytes,
     load_reference,
@@ -645,7 +647,7 @@ def test_the_status_line_is_sent_when_it_changes_only(work: Path, sharded_ckpt: 
             none = f"serving 1 model(s), {gib:.2f} GiB, 0 client(s)"
             assert until(lambda: none in _statuses(listener)), _statuses(listener)
         assert _statuses(listener) == [one, none]
-        assert "received SIGTERM, stopping" in caplog.text
+        assert "received SIGTERM, stopping" in caplog.messages
     finally:
         listener.close()
 
@@ -806,10 +808,12 @@ def test_accepts_paused_for_running_out_of_fds_resume_and_serve(
             conn.status()
         assert len(calls) == 2, "polled the listener while paused"
         assert calls[1] - calls[0] >= 0.25 and time.monotonic() - started >= 0.25
+        # ... and not a whole tick of the loop (1 s) later.
+        assert calls[1] - calls[0] < 0.8, calls
 
 
 def test_a_fill_said_to_systemd_and_stopped_by_a_signal_keeps_nothing_half_done(
-    work: Path, sharded_ckpt: Path, monkeypatch
+    work: Path, sharded_ckpt: Path, monkeypatch, caplog
 ) -> None:
     """While filling, each tick asks systemd for more start time and says
     the progress; SIGTERM mid-fill ends it without serving (the model is
@@ -831,7 +835,9 @@ def test_a_fill_said_to_systemd_and_stopped_by_a_signal_keeps_nothing_half_done(
 
     monkeypatch.setattr(service_mod, "fill_models", fill)
     try:
-        assert service._fill(service.holdings.to_fill()) is False
+        with caplog.at_level(logging.INFO, "wcached.service"):
+            assert service._fill(service.holdings.to_fill()) is False
+        assert caplog.messages == ["stopped by signal 15 while filling"]
         listener.drain()
         assert listener.messages.count("EXTEND_TIMEOUT_USEC=30000000") == 2
         assert any(m.startswith("STATUS=filling default") for m in listener.messages), listener.messages
@@ -941,3 +947,336 @@ def test_serve_of_an_instance_with_no_model_is_a_config_error_naming_the_file(
     with caplog.at_level(logging.INFO, "wcached.service"):
         assert service_mod.serve("cpu0", str(cfg)) == EX_CONFIG
     assert caplog.messages == [f"{cfg}: key 'model': no [[model]] is configured for cpu0"]
+
+
+def test_the_worker_and_a_fills_provenance_name_one_interpreter(work: Path) -> None:
+    """The Python a fill's provenance records is the one the worker runs."""
+    for worker_python, want in (("", sys.executable), ("/opt/engine/bin/python3", "/opt/engine/bin/python3")):
+        service = Service(settings_for(work / "run", worker_python=worker_python), DEVICE, open_policy())
+        assert service.holdings.python == want
+        service.holdings.close()
+
+
+def _two_models(ckpt: Path) -> tuple[SafetensorsModel, SafetensorsModel]:
+    return tuple(SafetensorsModel(name=n, path=str(ckpt), segment_size=64 * 1024) for n in ("a", "b"))
+
+
+def test_a_fill_is_said_from_its_first_line_and_ends_with_its_count_and_time(
+    work: Path, sharded_ckpt: Path, monkeypatch, caplog
+) -> None:
+    """Only the models to fill go to the worker; systemd hears "filling" before
+    the first tick; the journal gets how many were filled and in what time."""
+    from wcached.daemon import service as service_mod
+    from wcached.daemon.progress import FillMeter
+
+    listener = NotifyListener(work)
+    service = Service(settings_for(work / "run", models=_two_models(sharded_ckpt)), DEVICE, open_policy())
+    service.notifier = Notifier({"NOTIFY_SOCKET": listener.path})
+    sent: list[tuple[str, ...]] = []
+
+    def fill(settings, device, tick, stopped, filled) -> None:
+        sent.append(tuple(m.name for m in settings.models))
+        time.sleep(0.05)
+
+    monkeypatch.setattr(service_mod, "fill_models", fill)
+    try:
+        with caplog.at_level(logging.INFO, "wcached.service"):
+            assert service._fill([service.settings.models[1]]) is True
+        assert sent == [("b",)]
+        listener.drain()
+        assert listener.messages[0] == f"STATUS={FillMeter(['b']).status_line()}"
+        (line,) = caplog.messages
+        m = re.fullmatch(r"filled 1 model\(s\) in (\d+\.\d\d) s", line)
+        assert m and 0.05 <= float(m.group(1)) < 5, line
+    finally:
+        service.holdings.close()
+        listener.close()
+
+
+@pytest.mark.parametrize("tty", [True, False])
+def test_a_fill_draws_its_bar_only_on_a_terminal(
+    work: Path, sharded_ckpt: Path, monkeypatch, tty: bool
+) -> None:
+    """On a terminal the bar goes to stderr; under the unit stderr is the
+    journal, where a bar would be a line per redraw."""
+    import io
+
+    from wcached.daemon import service as service_mod
+
+    class Stderr(io.StringIO):
+        def isatty(self) -> bool:
+            return tty
+
+    stderr = Stderr()
+    monkeypatch.setattr(sys, "stderr", stderr)
+    bars: list[object] = []
+    real = service_mod.FillMeter
+
+    def meter(names, bar_stream=None):
+        bars.append(bar_stream)
+        return real(names, bar_stream=None)
+
+    monkeypatch.setattr(service_mod, "FillMeter", meter)
+    monkeypatch.setattr(service_mod, "fill_models", lambda *a: None)
+    service = Service(settings_for(work / "run", models=_two_models(sharded_ckpt)), DEVICE, open_policy())
+    try:
+        service._fill(list(service.settings.models))
+    finally:
+        service.holdings.close()
+    assert bars == [stderr if tty else None]
+
+
+def test_the_status_line_counts_models_gib_and_clients() -> None:
+    from types import SimpleNamespace
+
+    service = Service.__new__(Service)
+    held = {
+        n: SimpleNamespace(manifest=SimpleNamespace(total_bytes=b))
+        for n, b in (("a", 3 << 30), ("b", 1 << 29))
+    }
+    service.holdings = SimpleNamespace(served=held)
+    service.server = SimpleNamespace(client_count=2)
+    assert service._status_line() == "serving 2 model(s), 3.50 GiB, 2 client(s)"
+
+
+def test_a_loop_with_no_textfile_sleeps_between_changes(work: Path, sharded_ckpt: Path) -> None:
+    """A change (an attach) with no textfile to write leaves nothing due: the
+    loop goes back to its one-second tick instead of turning without rest."""
+    with _looping(work, sharded_ckpt) as service:
+        turns = [0]
+        real = service.notifier.flush
+
+        def counted() -> None:
+            turns[0] += 1
+            real()
+
+        service.notifier.flush = counted
+        with DaemonConnection(service.settings.socket_path) as engine:
+            close_fds(engine.attach("default")[1])
+        assert until(lambda: not service.server.changed.is_set())
+        before = turns[0]
+        time.sleep(0.6)
+        assert turns[0] - before <= 3, f"the loop turned {turns[0] - before} times in 0.6 s"
+
+
+def _run_in_main_thread(service: Service, while_running=None) -> int:
+    """``service.run()`` here, as serve calls it (signals are the main
+    thread's); ``while_running(service)`` on a thread once the socket answers,
+    then SIGTERM. The process's signal handling is put back afterwards."""
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    failed: list[BaseException] = []
+
+    def drive() -> None:
+        try:
+            deadline = time.monotonic() + 60
+            while service.server is None or service.server.listener is None:
+                if time.monotonic() > deadline:
+                    raise AssertionError("the service never served")
+                time.sleep(0.02)
+            if while_running is not None:
+                while_running(service)
+        except BaseException as e:
+            failed.append(e)
+        finally:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    t = threading.Thread(target=drive, daemon=True)
+    t.start()
+    try:
+        status = service.run()
+    finally:
+        signal.set_wakeup_fd(-1)
+        for s, h in saved.items():
+            signal.signal(s, h)
+    t.join(10)
+    if failed:
+        raise failed[0]
+    return status
+
+
+def test_a_run_replaces_a_stale_socket_says_what_it_serves_and_counts_attaches(work: Path, caplog) -> None:
+    ckpt = write_sharded(work / "c", {"w": torch.ones(3 << 18)})  # 3 MiB
+    model = SafetensorsModel(name="default", path=str(ckpt))
+    run = work / "run"
+    run.mkdir(mode=0o750)
+    (work / "prom").mkdir()
+    source = str(work / "wcached.toml")
+    service = Service(
+        settings_for(run, models=(model,), metrics_dir=str(work / "prom"), source=source),
+        DEVICE,
+        open_policy(),
+    )
+    path = service.settings.socket_path
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(path)
+    stale.close()  # a killed daemon's socket file: nothing listens on it
+    counted: list[str] = []
+
+    def attach_once(service: Service) -> None:
+        with DaemonConnection(path) as engine:
+            close_fds(engine.attach("default")[1])
+        textfile = work / "prom" / "wcached-cpu0.prom"
+
+        def ok_line() -> str:
+            lines = textfile.read_text().splitlines() if textfile.exists() else []
+            return next(
+                (x for x in lines if x.startswith("wcached_attaches_total{") and 'result="ok"' in x), ""
+            )
+
+        assert until(lambda: ok_line().endswith(" 1.0"), seconds=5), ok_line()
+        counted.append(ok_line())
+
+    with caplog.at_level(logging.INFO, "wcached.service"):
+        assert _run_in_main_thread(service, attach_once) == 0
+    assert counted
+    assert f"removing stale socket {path}" in caplog.messages
+    assert f"serving cpu0 on {path}: default (3.0 MiB)" in caplog.messages
+    assert "received SIGTERM, stopping" in caplog.messages
+    assert not os.path.exists(path)
+
+
+def test_a_run_stopped_while_filling_exits_zero_and_binds_nothing(
+    work: Path, sharded_ckpt: Path, monkeypatch
+) -> None:
+    from wcached.daemon import service as service_mod
+    from wcached.daemon.filler import FillAborted
+
+    service = Service(settings_for(work / "run", models=_two_models(sharded_ckpt)[:1]), DEVICE, open_policy())
+
+    def fill(settings, device, tick, stopped, filled) -> None:
+        service.stop_signal = signal.SIGTERM
+        raise FillAborted()
+
+    monkeypatch.setattr(service_mod, "fill_models", fill)
+    assert _run_in_main_thread(service) == 0
+    assert service.server is None and not os.path.exists(service.settings.socket_path)
+
+
+def test_a_run_on_a_socket_dir_others_can_write_names_the_config_file(work: Path) -> None:
+    run = work / "run"
+    run.mkdir()
+    run.chmod(0o777)
+    source = str(work / "wcached.toml")
+    service = Service(settings_for(run, source=source), DEVICE, open_policy())
+    with pytest.raises(ConfigError) as e:
+        _run_in_main_thread(service)
+    assert str(e.value).startswith(f"{source}: key 'daemon.socket_dir': {run} is writable by others")
+
+
+def test_metrics_say_where_they_listen_and_name_the_file_of_a_key_that_fails(work: Path, caplog) -> None:
+    source = str(work / "wcached.toml")
+    port = _free_port()
+    first = Service(settings_for(work / "run", metrics_port=port, source=source), DEVICE, open_policy())
+    with caplog.at_level(logging.INFO, "wcached.service"):
+        first._open_metrics()
+    try:
+        assert caplog.messages == [f"metrics on http://127.0.0.1:{port}/metrics"]
+        second = Service(first.settings, DEVICE, open_policy())
+        with pytest.raises(ConfigError) as e:
+            second._open_metrics()
+        assert str(e.value).startswith(
+            f"{source}: key 'daemon.metrics_port': 127.0.0.1:{port} is already in use"
+        )
+        missing = Service(
+            settings_for(work / "run", metrics_dir=str(work / "nowhere"), source=source),
+            DEVICE,
+            open_policy(),
+        )
+        with pytest.raises(ConfigError) as e:
+            missing._open_metrics()
+        assert str(e.value).startswith(f"{source}: key 'daemon.metrics_dir'")
+    finally:
+        first._close_metrics()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_serve_logs_as_its_instance_resolves_it_without_cuda_and_applies_its_table_by_any_name(
+    work: Path, sharded_ckpt: Path, monkeypatch, caplog
+) -> None:
+    """Logging is set up for the instance first (its name in every line), then
+    at the configured level; the device is resolved isolated (no CUDA context
+    in the daemon); an instance table named by the GPU's index applies to the
+    instance named by its UUID; the first line says version, instance, device
+    and config file."""
+    from wcached import __version__
+    from wcached.daemon import service as service_mod
+    from wcached.device import Device
+
+    cfg = one_model_config(work, sharded_ckpt)
+    cfg.write_text(cfg.read_text() + '\n[instance."0"]\nmax_clients = 3\n')
+    uuid = "GPU-0a1b2c3d-0000-0000-0000-000000000000"
+    logging_set: list[tuple] = []
+    resolved: list[tuple] = []
+    ran: list[Service] = []
+
+    def resolve(instance: str, **kw) -> Device:
+        resolved.append((instance, kw))
+        return Device("cuda", uuid, 0, "NVIDIA H200", ("0",), 1 << 30)
+
+    monkeypatch.setattr(service_mod, "setup_logging", lambda *a, **k: logging_set.append((a, k)))
+    monkeypatch.setattr(service_mod, "resolve_instance", resolve)
+    monkeypatch.setattr(Service, "run", lambda self: ran.append(self) or 0)
+    with caplog.at_level(logging.INFO, "wcached.service"):
+        assert service_mod.serve(uuid, str(cfg)) == 0
+    assert logging_set == [(("info",), {"instance": uuid}), (("info",), {})]
+    assert resolved == [(uuid, {"isolated": True})]
+    (service,) = ran
+    assert service.settings.instance_id == uuid and service.settings.max_clients == 3
+    assert caplog.messages == [f"wcached {__version__} starting {uuid} (NVIDIA H200) with {cfg}", "stopped"]
+    ran[0].holdings.close()
+
+
+@pytest.mark.parametrize(
+    ("table", "key"),
+    [
+        ('[daemon]\nallowed_users = ["no-such-user-here"]\n', "daemon.allowed_users[0]"),
+        ('[instance."cpu0"]\nallowed_groups = ["no-such-group-here"]\n', "instance.cpu0.allowed_groups[0]"),
+    ],
+)
+def test_serve_names_the_file_and_key_of_a_name_that_does_not_resolve(
+    work: Path, sharded_ckpt: Path, monkeypatch, caplog, table: str, key: str
+) -> None:
+    from wcached.daemon import service as service_mod
+
+    cfg = one_model_config(work, sharded_ckpt)
+    text = cfg.read_text()
+    cfg.write_text(
+        text.replace("[daemon]\n", table, 1) if table.startswith("[daemon]") else text + "\n" + table
+    )
+    monkeypatch.setattr(service_mod, "setup_logging", lambda *a, **k: None)
+    with caplog.at_level(logging.INFO, "wcached.service"):
+        assert service_mod.serve("cpu0", str(cfg)) == EX_CONFIG
+    assert caplog.messages[-1].startswith(f"{cfg}: key '{key}': no such ")
+
+
+def test_the_socket_dir_is_judged_for_the_user_asked_about(work: Path, monkeypatch) -> None:
+    """serve judges it for itself (root included: a daemon run as root owns
+    its directory); check-config for the daemon's user it is given, and its
+    fix names that user."""
+    from wcached import defaults
+    from wcached.daemon.service import check_socket_dir
+
+    mine = work / "mine"
+    mine.mkdir(mode=0o750)
+    check_socket_dir(str(mine))  # this process's own: right for it
+    other = pwd.getpwnam("nobody").pw_uid
+    with pytest.raises(ConfigError) as e:
+        check_socket_dir(str(mine), "/etc/wcache/wcached.toml", owner_uid=other)
+    assert str(e.value).startswith(f"/etc/wcache/wcached.toml: key 'daemon.socket_dir': {mine} belongs to ")
+    assert "not to the daemon's user nobody" in str(e.value)
+    assert f"fix with: chown nobody:{grp.getgrgid(pwd.getpwnam('nobody').pw_gid).gr_name} {mine}" in str(
+        e.value
+    )
+    with pytest.raises(ConfigError) as e:
+        check_socket_dir(str(mine), owner_uid=other)
+    assert str(e.value).startswith("<config>: key 'daemon.socket_dir': ")
+    if os.geteuid() == 0:
+        # For root the package's user is whom a check run as root speaks for;
+        # the daemon itself, run as root, is judged as root.
+        monkeypatch.setattr(defaults, "DAEMON_USER", TEST_USER)
+        check_socket_dir(str(mine))
