@@ -881,8 +881,9 @@ def test_a_missing_socket_dir_is_made_0750_and_a_link_in_its_place_refused(work:
     assert str(e.value).startswith(f"/etc/wcache/wcached.toml: key 'daemon.socket_dir': {work / 'link'} ")
     assert "fix with: " in str(e.value)
     (work / "file").write_text("")
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError) as e:
         prepare_socket_dir(str(work / "file"))
+    assert str(e.value).startswith(f"<config>: key 'daemon.socket_dir': {work / 'file'} is not a directory")
 
 
 @pytest.mark.parametrize(
