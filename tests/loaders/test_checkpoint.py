@@ -739,9 +739,14 @@ def test_a_well_formed_header_is_decoded_without_the_loose_path(tmp_path: Path, 
     import wcached.loaders.checkpoint as checkpoint
 
     ckpt = write_sharded(tmp_path / "c", {f"t{i}": torch.ones(i + 1) for i in range(20)}, shards=2)
+    entry = {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}
+    with_metadata = _raw_file(
+        tmp_path / "m.safetensors", {"__metadata__": {"format": "pt"}, "w": entry}, b"\0" * 4
+    )
 
     def refuse(*a: object) -> None:
         raise AssertionError("a well-formed header went through the loose path")
 
     monkeypatch.setattr(checkpoint, "_parse_header_loosely", refuse)
     assert len(Checkpoint(ckpt).headers().tensors) == 20
+    assert [t.name for t in Checkpoint(with_metadata).headers().tensors] == ["w"]

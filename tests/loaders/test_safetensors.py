@@ -449,3 +449,31 @@ def test_a_backend_that_digests_its_own_memory_does_so_after_the_copy_and_not_on
     short[0] = True
     with pytest.raises(ValueError, match="zip"):
         SafetensorsLoader().fill(model, DigestsAfter(), "cpu0", lambda *a: None)
+
+
+def test_a_fill_announces_its_readers_to_the_backend_before_reading_headers(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """So that a backend that stages (CUDA: pinned buffers) prepares them while
+    the headers are read and the segments allocated, for as many readers as
+    the fill will run."""
+    import wcached.loaders.safetensors as st
+
+    ckpt = write_sharded(tmp_path / "c", multi_dtype_tensors(), shards=2)
+    events: list[object] = []
+
+    class Announced(HostBackend):
+        def prepare_staging(self, threads: int) -> None:
+            events.append(threads)
+
+    real = st.Checkpoint.headers
+    monkeypatch.setattr(st.Checkpoint, "headers", lambda self: events.append("headers") or real(self))
+    backend = Announced()
+    for read_threads in (3, "auto"):
+        events.clear()
+        model = SafetensorsModel(name="m", path=str(ckpt), read_threads=read_threads).parsed()
+        filled = SafetensorsLoader().fill(model, backend, "cpu0", lambda *a: None)
+        for fd in filled.fds:
+            os.close(fd)
+        assert events == [model.reader_count(backend.auto_readers), "headers"]
+    assert events[0] == min(backend.auto_readers, os.cpu_count() or 1)

@@ -2251,4 +2251,19 @@ TRIAGE: dict[tuple[str, str, str], str] = {
         "Server.status",
         "-            uptime_s=round(now - self.started, 3),\n+            uptime_s=round(3),",
     ): "caught: tests/daemon/test_server.py::test_status_says_how_long_the_daemon_and_each_lease_have_been_there_in_milliseconds, sharpened after the score (uptime within 2 s of the lease's age), run with the mutant applied",
+    (
+        "wcached/loaders/checkpoint.py",
+        "_parse_header",
+        "-        if name == \"__metadata__\":\n+        if name == \"XX__metadata__XX\":",
+    ): "caught: tests/loaders/test_checkpoint.py::test_a_well_formed_header_is_decoded_without_the_loose_path, sharpened after the score (a header with __metadata__), run with the mutant applied: metadata not skipped falls back to the loose path",
+    (
+        "wcached/loaders/safetensors.py",
+        "SafetensorsLoader.fill",
+        "-        backend.prepare_staging(model.reader_count(backend.auto_readers))\n+        backend.prepare_staging(None)",
+    ): "caught: tests/loaders/test_safetensors.py::test_a_fill_announces_its_readers_to_the_backend_before_reading_headers, written after the score, run with the mutant applied",
+    (
+        "wcached/loaders/checkpoint.py",
+        "_parse_header",
+        "-        if name == \"__metadata__\":\n+        if name == \"__METADATA__\":",
+    ): "caught: tests/loaders/test_checkpoint.py::test_a_well_formed_header_is_decoded_without_the_loose_path, sharpened after the score (a header with __metadata__), run with the mutant applied: metadata not skipped falls back to the loose path",
 }
