@@ -101,7 +101,9 @@ def main() -> None:
         "\n".join(lines)
         + f"\n\nTrees alternating each round: {', '.join(args.trees)}; {args.rounds} rounds.\n"
     )
-    path = write_result(f"fill-trees-{args.device}", {"results": results, "trees": args.trees, "rounds": args.rounds}, text)
+    path = write_result(
+        f"fill-trees-{args.device}", {"results": results, "trees": args.trees, "rounds": args.rounds}, text
+    )
     print(text)
     print("written", path)
     copy_to_out(path)
