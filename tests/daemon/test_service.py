@@ -1063,14 +1063,20 @@ def test_a_loop_with_no_textfile_sleeps_between_changes(work: Path, sharded_ckpt
 def _run_in_main_thread(service: Service, while_running=None) -> int:
     """``service.run()`` here, as serve calls it (signals are the main
     thread's); ``while_running(service)`` on a thread once the socket answers,
-    then SIGTERM. The process's signal handling is put back afterwards."""
+    then SIGTERM. A run that ends on its own (an error, a stop mid-fill) is
+    not signalled. The process's signal handling is put back only once that
+    thread is done: a SIGTERM that raced the end of the run still meets the
+    service's handler, never the default one (which would end the tests)."""
     saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     failed: list[BaseException] = []
+    ended = threading.Event()
 
     def drive() -> None:
         try:
             deadline = time.monotonic() + 60
             while service.server is None or service.server.listener is None:
+                if ended.is_set():
+                    return
                 if time.monotonic() > deadline:
                     raise AssertionError("the service never served")
                 time.sleep(0.02)
@@ -1078,7 +1084,7 @@ def _run_in_main_thread(service: Service, while_running=None) -> int:
                 while_running(service)
         except BaseException as e:
             failed.append(e)
-        finally:
+        if not ended.is_set():
             os.kill(os.getpid(), signal.SIGTERM)
 
     t = threading.Thread(target=drive, daemon=True)
@@ -1086,10 +1092,11 @@ def _run_in_main_thread(service: Service, while_running=None) -> int:
     try:
         status = service.run()
     finally:
+        ended.set()
+        t.join(70)
         signal.set_wakeup_fd(-1)
         for s, h in saved.items():
             signal.signal(s, h)
-    t.join(10)
     if failed:
         raise failed[0]
     return status
