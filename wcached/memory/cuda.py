@@ -167,81 +167,19 @@ def _vmm_support(cu: Any, dev: Any, uuid: str) -> None:
         )
 
 
-def _pin(cu: Any, nbytes: int) -> tuple[int, memoryview]:
-    """``nbytes`` of pinned host memory: its address and a view of it."""
-    ptr = int(check(cu.cuMemHostAlloc(nbytes, 0), "cuMemHostAlloc"))
-    return ptr, memoryview((ctypes.c_char * nbytes).from_address(ptr)).cast("B")
-
-
-class _PinnedPool:
-    """The staging buffers of a fill's readers, pinned on a thread of their
-    own from the moment the loader knows how many it will need: pinning is
-    slow (each reader spent 30-60 ms on its three buffers, inside the copy,
-    bench/results/cuda-profile-20261202), and it overlaps the headers and
-    the segments' allocation this way. A reader beyond those planned gets a
-    buffer pinned when it asks. The pool owns every buffer it gave out."""
-
-    def __init__(self, cu: Any, ctx: Any, count: int):
-        self.cu = cu
-        self._free: list[tuple[int, memoryview]] = []
-        self._allocations: list[tuple[int, memoryview]] = []
-        self._error: BaseException | None = None
-        self._lock = threading.Lock()
-        self._ready = threading.Event()
-        threading.Thread(target=self._pin_all, args=(ctx, count), name="wcached-pin", daemon=True).start()
-
-    def _pin_all(self, ctx: Any, count: int) -> None:
-        try:
-            check(self.cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
-            # One allocation cut into buffers: one call into the driver.
-            ptr, view = _pin(self.cu, count * STAGING_CHUNK)
-            with self._lock:
-                self._allocations.append((ptr, view))
-                self._free += [
-                    (ptr + i * STAGING_CHUNK, view[i * STAGING_CHUNK : (i + 1) * STAGING_CHUNK])
-                    for i in range(count)
-                ]
-        except BaseException as e:  # told to the reader that asks for a buffer
-            self._error = e
-        finally:
-            self._ready.set()
-
-    def take(self) -> tuple[int, memoryview]:
-        """A pinned buffer of STAGING_CHUNK bytes (the calling thread has
-        the fill's context current)."""
-        self._ready.wait()
-        with self._lock:
-            if self._free:
-                return self._free.pop(0)
-            if self._error is not None:
-                raise self._error
-        buf = _pin(self.cu, STAGING_CHUNK)
-        with self._lock:
-            self._allocations.append(buf)
-        return buf
-
-    def close(self) -> None:
-        """Free every buffer (once the streams that read them are done)."""
-        self._ready.wait()
-        with self._lock:
-            allocations, self._allocations, self._free = self._allocations, [], []
-        for ptr, view in allocations:
-            view.release()
-            self.cu.cuMemFreeHost(ptr)
-
-
 class _Staging:
-    """One filling thread's pinned buffers (the pool's), stream and events."""
+    """One filling thread's pinned buffers, stream and events."""
 
-    def __init__(self, cu: Any, ctx: Any, pool: _PinnedPool):
+    def __init__(self, cu: Any, ctx: Any):
         self.cu = cu
         check(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
         self.stream = check(cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
         self.buffers = []
         for _ in range(STAGING_BUFFERS):
-            ptr, view = pool.take()
+            ptr = check(cu.cuMemHostAlloc(STAGING_CHUNK, 0), "cuMemHostAlloc")
+            view = memoryview((ctypes.c_char * STAGING_CHUNK).from_address(int(ptr))).cast("B")
             event = check(cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING), "cuEventCreate")
-            self.buffers.append((ptr, view, event))
+            self.buffers.append((int(ptr), view, event))
         self.turn = 0
         self.used = [False] * STAGING_BUFFERS
 
@@ -260,11 +198,12 @@ class _Staging:
         check(self.cu.cuEventRecord(event, self.stream), "cuEventRecord")
 
     def close(self) -> None:
-        """Wait for this thread's copies; its buffers go back with the pool."""
         cu = self.cu
         check(cu.cuStreamSynchronize(self.stream), "cuStreamSynchronize")
-        for _, _, event in self.buffers:
+        for ptr, view, event in self.buffers:
+            view.release()
             cu.cuEventDestroy(event)
+            cu.cuMemFreeHost(ptr)
         cu.cuStreamDestroy(self.stream)
         self.buffers = []
 
@@ -435,18 +374,11 @@ class CudaBackend(MemoryBackend):
         self._ctx = None
         self._local = threading.local()
         self._stagings: list[_Staging] = []
-        self._pool: _PinnedPool | None = None
         self._lock = threading.Lock()
 
     def prepare_fill(self) -> None:
         """Create the CUDA context (worker side) before any fill is timed."""
         self._context()
-
-    def prepare_staging(self, threads: int) -> None:
-        """Start pinning ``threads`` readers' staging buffers (see _PinnedPool)."""
-        with self._lock:
-            if self._pool is None:
-                self._pool = _PinnedPool(self.cu, self._context(), threads * STAGING_BUFFERS)
 
     def after_fill_digest(self) -> str | None:
         """wmix128 by one kernel over the filled segments (milliseconds for
@@ -473,11 +405,7 @@ class CudaBackend(MemoryBackend):
     def staging(self) -> _Staging:
         st = getattr(self._local, "staging", None)
         if st is None:
-            with self._lock:
-                if self._pool is None:  # a copy no loader announced: pinned now
-                    self._pool = _PinnedPool(self.cu, self._context(), STAGING_BUFFERS)
-                pool = self._pool
-            st = _Staging(self.cu, self._context(), pool)
+            st = _Staging(self.cu, self._context())
             self._local.staging = st
             with self._lock:
                 self._stagings.append(st)
@@ -504,11 +432,8 @@ class CudaBackend(MemoryBackend):
             self._context()
         with self._lock:
             stagings, self._stagings = self._stagings, []
-            pool, self._pool = self._pool, None
         for st in stagings:
             st.close()
-        if pool is not None:
-            pool.close()
 
     # -- client side ------------------------------------------------------
 
