@@ -454,9 +454,10 @@ def test_a_backend_that_digests_its_own_memory_does_so_after_the_copy_and_not_on
 def test_a_fill_announces_its_readers_to_the_backend_before_reading_headers(
     tmp_path: Path, monkeypatch
 ) -> None:
-    """So that a backend that stages (CUDA: pinned buffers) prepares them while
-    the headers are read and the segments allocated, for as many readers as
-    the fill will run."""
+    """So that a backend that stages can prepare its buffers while the headers
+    are read and the segments allocated, for as many readers as the fill will
+    run (the CUDA backend's pinned buffers: written, held back until a GPU
+    run checks them)."""
     import wcached.loaders.safetensors as st
 
     ckpt = write_sharded(tmp_path / "c", multi_dtype_tensors(), shards=2)
