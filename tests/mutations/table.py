@@ -569,7 +569,7 @@ MUTATIONS: tuple[Mutation, ...] = (
             "tests/loaders/test_checkpoint.py::test_offsets_outside_the_data_section_are_a_corrupt_checkpoint",
             "tests/loaders/test_safetensors.py::test_a_daemon_given_offsets_into_the_header_exits_65_without_a_socket",
         ),
-        function="_parse_entry",
+        function="_tensor",
     ),
     Mutation(
         "data_offsets ending before they begin pass",
@@ -577,7 +577,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "    if end - begin != nbytes or begin < 0:",
         "    if abs(end - begin) != nbytes or begin < 0:",
         ("tests/loaders/test_checkpoint.py::test_offsets_outside_the_data_section_are_a_corrupt_checkpoint",),
-        function="_parse_entry",
+        function="_tensor",
     ),
     Mutation(
         "data_offsets holding more than the shape pass",
@@ -585,7 +585,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "    if end - begin != nbytes or begin < 0:",
         "    if end - begin < nbytes or begin < 0:",
         ("tests/loaders/test_checkpoint.py::test_offsets_outside_the_data_section_are_a_corrupt_checkpoint",),
-        function="_parse_entry",
+        function="_tensor",
     ),
     Mutation(
         "a tensor one byte past the file passes",
@@ -593,7 +593,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "    if data_base + end > size:",
         "    if data_base + end > size + 1:",
         ("tests/loaders/test_checkpoint.py::test_offsets_outside_the_data_section_are_a_corrupt_checkpoint",),
-        function="_parse_entry",
+        function="_tensor",
     ),
     Mutation(
         "a tensor ending at the file's end is called truncated",
@@ -601,7 +601,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "    if data_base + end > size:",
         "    if data_base + end >= size:",
         ("tests/loaders/test_checkpoint.py::test_a_tensor_ending_at_the_files_last_byte_is_read_whole",),
-        function="_parse_entry",
+        function="_tensor",
     ),
     Mutation(
         "bad data_offsets are a retried fill error",
@@ -609,7 +609,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         '        raise CheckpointCorrupt(\n            f"{file}: tensor {name!r}: data_offsets',
         '        raise FillError(\n            f"{file}: tensor {name!r}: data_offsets',
         ("tests/loaders/test_checkpoint.py::test_offsets_outside_the_data_section_are_a_corrupt_checkpoint",),
-        function="_parse_entry",
+        function="_tensor",
     ),
     Mutation(
         "client does not check a memfd's size",
