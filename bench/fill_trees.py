@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -45,8 +46,11 @@ def one_fill(tree: str, ckpt: Path, device: str) -> tuple[float, dict]:
     )
     env = {"PYTHONPATH": os.pathsep.join(p for p in (tree, os.environ.get("PYTHONPATH", "")) if p)}
     phases: dict = {}
-    with run_daemon(cfg, device, env=env, timeout=900) as d:
-        seconds = fill_seconds(d.socket_dir, device, phases)
+    try:
+        with run_daemon(cfg, device, env=env, timeout=900) as d:
+            seconds = fill_seconds(d.socket_dir, device, phases)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     return seconds, phases
 
 
@@ -58,7 +62,9 @@ def main() -> None:
     p.add_argument("--device", default="0")
     p.add_argument("--only", choices=sorted(SETS))
     args = p.parse_args()
-    labels = [Path(t).name for t in args.trees]
+    # Each tree by its folder's name, or by its position where two share one.
+    names = [Path(t).name for t in args.trees]
+    labels = [n if names.count(n) == 1 else f"{i}:{n}" for i, n in enumerate(names)]
     results: dict = {}
     lines = []
     for name, (shapes, shards) in SETS.items():

@@ -808,8 +808,9 @@ def test_accepts_paused_for_running_out_of_fds_resume_and_serve(
             conn.status()
         assert len(calls) == 2, "polled the listener while paused"
         assert calls[1] - calls[0] >= 0.25 and time.monotonic() - started >= 0.25
-        # ... and not a whole tick of the loop (1 s) later.
-        assert calls[1] - calls[0] < 0.8, calls
+        # ... and not a whole tick of the loop later (1 s: the earliest a
+        # loop that ignored the pause's end would look again).
+        assert calls[1] - calls[0] < 0.95, calls
 
 
 def test_a_fill_said_to_systemd_and_stopped_by_a_signal_keeps_nothing_half_done(
@@ -1094,6 +1095,7 @@ def _run_in_main_thread(service: Service, while_running=None) -> int:
     finally:
         ended.set()
         t.join(70)
+        assert not t.is_alive(), "the driving thread is stuck: handlers left as the service set them"
         signal.set_wakeup_fd(-1)
         for s, h in saved.items():
             signal.signal(s, h)
