@@ -596,3 +596,18 @@ def test_check_config_names_each_unknown_user_and_group_once_under_the_key_it_ca
         f"{path}: key 'daemon.allowed_groups[0]': no such group 'no-such-group-a'",
         f"{path}: key 'instance.cpu1.allowed_groups[1]': no such group 'no-such-group-b'",
     ]
+
+
+def test_check_config_checks_the_lists_of_an_instance_whose_other_keys_are_wrong(tmp_path: Path) -> None:
+    """An instance table whose metrics port overflows is one problem; an
+    unknown user in its own list is another, told too."""
+    from wcached.cli.check_config import problems
+
+    path = _write(
+        tmp_path,
+        "[daemon]\nmetrics_port = 65535\n"
+        '[instance."cpu3"]\nallowed_users = ["root", "no-such-user-c"]\n',
+    )
+    found = problems(load_config(path))
+    assert f"{path}: key 'instance.cpu3.allowed_users[1]': no such user 'no-such-user-c'" in found
+    assert any(p.startswith(f"{path}: key 'daemon.metrics_port': 65535 + device index 3") for p in found), found

@@ -317,6 +317,31 @@ def check_socket_path(cfg: Config, name: str = LONGEST_SOCKET_NAME) -> None:
         )
 
 
+class AccessLists(msgspec.Struct, frozen=True):
+    """Who may attach to an instance, and the keys each list came from (for
+    errors about a name that does not resolve)."""
+
+    users: tuple[str, ...]
+    groups: tuple[str, ...]
+    users_key: str
+    groups_key: str
+
+
+def access_lists(cfg: Config, table_name: str = "") -> AccessLists:
+    """The lists of an instance matched by the table ``table_name`` (none:
+    [daemon]'s): each the table's where it sets one, else [daemon]'s, under
+    the key that set it."""
+    d = cfg.daemon
+    table = cfg.instance[table_name] if table_name else InstanceConfig()
+    users, users_key = d.allowed_users, "daemon.allowed_users"
+    if table.allowed_users is not None:
+        users, users_key = table.allowed_users, f"instance.{table_name}.allowed_users"
+    groups, groups_key = d.allowed_groups, "daemon.allowed_groups"
+    if table.allowed_groups is not None:
+        groups, groups_key = table.allowed_groups, f"instance.{table_name}.allowed_groups"
+    return AccessLists(tuple(users), tuple(groups), users_key, groups_key)
+
+
 def instance_settings(
     cfg: Config, instance_id: str, names: tuple[str, ...] = (), index: int | None = None
 ) -> InstanceSettings:
@@ -360,17 +385,13 @@ def instance_settings(
                     f"{d.metrics_port} + device index {index} of {instance_id} = {metrics_port} "
                     f"is over {MAX_PORT}: lower it, or give this instance a metrics_port of its own",
                 )
-    users_key, groups_key = "daemon.allowed_users", "daemon.allowed_groups"
-    if table.allowed_users is not None:
-        users_key = f"instance.{table_name}.allowed_users"
-    if table.allowed_groups is not None:
-        groups_key = f"instance.{table_name}.allowed_groups"
+    access = access_lists(cfg, table_name)
     return InstanceSettings(
         instance_id=instance_id,
         socket_dir=d.socket_dir,
         models=models,
-        allowed_users=tuple(table.allowed_users if table.allowed_users is not None else d.allowed_users),
-        allowed_groups=tuple(table.allowed_groups if table.allowed_groups is not None else d.allowed_groups),
+        allowed_users=access.users,
+        allowed_groups=access.groups,
         connection_timeout_s=table.connection_timeout_s or d.connection_timeout_s,
         max_clients=table.max_clients or d.max_clients,
         worker_python=d.worker_python,
@@ -378,8 +399,8 @@ def instance_settings(
         metrics_dir=d.metrics_dir,
         metrics_port=metrics_port,
         metrics_port_key=port_key,
-        allowed_users_key=users_key,
-        allowed_groups_key=groups_key,
+        allowed_users_key=access.users_key,
+        allowed_groups_key=access.groups_key,
         source=cfg.source,
     )
 

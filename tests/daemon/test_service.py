@@ -1096,7 +1096,6 @@ def _run_in_main_thread(service: Service, while_running=None) -> int:
         ended.set()
         t.join(70)
         assert not t.is_alive(), "the driving thread is stuck: handlers left as the service set them"
-        signal.set_wakeup_fd(-1)
         for s, h in saved.items():
             signal.signal(s, h)
     if failed:
@@ -1143,6 +1142,35 @@ def test_a_run_replaces_a_stale_socket_says_what_it_serves_and_counts_attaches(w
     assert f"serving cpu0 on {path}: default (3.0 MiB)" in caplog.messages
     assert "received SIGTERM, stopping" in caplog.messages
     assert not os.path.exists(path)
+
+
+def test_a_run_gives_back_its_wakeup_pipe_and_the_wakeup_fd_it_replaced(work: Path) -> None:
+    """A run (the in-process tests make several, an embedding caller may
+    too) leaves no fd behind, and the process's signal wakeup fd is again
+    the one it found, whether it served or failed before serving."""
+    ckpt = write_sharded(work / "c", {"w": torch.ones(1 << 10)})
+    model = SafetensorsModel(name="default", path=str(ckpt))
+    served, refused = work / "run", work / "open"
+    served.mkdir(mode=0o750)
+    refused.mkdir()
+    refused.chmod(0o777)  # refused before the fill
+    r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(w)
+    try:
+        for run_dir in (served, refused):
+            service = Service(settings_for(run_dir, models=(model,)), DEVICE, open_policy())
+            before = sorted(os.listdir("/proc/self/fd"))
+            if run_dir is served:
+                assert _run_in_main_thread(service) == 0
+            else:
+                with pytest.raises(ConfigError):
+                    _run_in_main_thread(service)
+            assert sorted(os.listdir("/proc/self/fd")) == before, run_dir
+            assert signal.set_wakeup_fd(w) == w, run_dir
+    finally:
+        signal.set_wakeup_fd(-1)
+        os.close(r)
+        os.close(w)
 
 
 def test_a_run_stopped_while_filling_exits_zero_and_binds_nothing(

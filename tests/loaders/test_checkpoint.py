@@ -23,8 +23,8 @@ from wcached.loaders.checkpoint import (
 )
 
 
-def _raw_file(path: Path, header: dict, data: bytes) -> Path:
-    raw = json.dumps(header).encode()
+def _raw_file(path: Path, header: dict | bytes, data: bytes) -> Path:
+    raw = header if isinstance(header, bytes) else json.dumps(header).encode()
     path.write_bytes(struct.pack("<Q", len(raw)) + raw + data)
     return path
 
@@ -750,3 +750,43 @@ def test_a_well_formed_header_is_decoded_without_the_loose_path(tmp_path: Path, 
     monkeypatch.setattr(checkpoint, "_parse_header_loosely", refuse)
     assert len(Checkpoint(ckpt).headers().tensors) == 20
     assert [t.name for t in Checkpoint(with_metadata).headers().tensors] == ["w"]
+
+
+@pytest.mark.parametrize(
+    ("header", "problem"),
+    [
+        # msgspec skips the metadata without checking its UTF-8
+        (
+            b'{"__metadata__": {"x": "\xff"}, "w": {"dtype": "U8", "shape": [0], "data_offsets": [0, 0]}}',
+            "corrupt header: 'utf-8' codec can't decode byte 0xff",
+        ),
+        (
+            b'{"w": {"dtype": "U8", "shape": [0], "data_offsets": [0, 1e400]}}',
+            r"tensor 'w': malformed header entry .*inf",
+        ),
+        (b'{"__metadata__": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "corrupt header: maximum recursion"),
+    ],
+)
+def test_a_header_no_decoder_can_read_is_a_corrupt_checkpoint(
+    tmp_path: Path, header: bytes, problem: str
+) -> None:
+    """Bytes that are not UTF-8, a number past a float, nesting past
+    Python's limit: each a corrupt checkpoint naming the file (a fill fails
+    with its cause), never a Python error escaping the loader."""
+    f = _raw_file(tmp_path / "x.safetensors", header, b"")
+    with pytest.raises(CheckpointCorrupt, match=problem) as e:
+        Checkpoint(f).headers()
+    assert str(e.value).startswith(f"{f}: ")
+
+
+def test_metadata_in_utf_8_takes_the_fast_path(tmp_path: Path, monkeypatch) -> None:
+    import wcached.loaders.checkpoint as checkpoint
+
+    entry = {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}
+    f = _raw_file(
+        tmp_path / "m.safetensors",
+        json.dumps({"__metadata__": {"author": "Zoë"}, "w": entry}, ensure_ascii=False).encode(),
+        b"\0" * 4,
+    )
+    monkeypatch.setattr(checkpoint, "_parse_header_loosely", None)  # any call fails the test
+    assert [t.name for t in Checkpoint(f).headers().tensors] == ["w"]

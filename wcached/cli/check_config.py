@@ -15,7 +15,14 @@ import pwd
 import stat
 import subprocess
 
-from wcached.config import Config, ModelConfig, check_socket_path, instance_settings
+from wcached.config import (
+    AccessLists,
+    Config,
+    ModelConfig,
+    access_lists,
+    check_socket_path,
+    instance_settings,
+)
 from wcached.daemon.fdstore import UNIT_FDSTORE_MAX, fds_needed
 from wcached.daemon.lock import left_by_another_user
 from wcached.errors import CheckpointMissing, ConfigError, WcacheError
@@ -37,20 +44,18 @@ def problems(cfg: Config) -> list[str]:
 
     d = cfg.daemon
 
-    def check_names(users: tuple[str, ...], groups: tuple[str, ...], users_key: str, groups_key: str) -> None:
+    def check_names(lists: AccessLists) -> None:
         # Each list on its own: a bad user does not hide a bad group.
-        check(AccessPolicy.from_names, users, (), cfg.source, users_key, groups_key)
-        check(AccessPolicy.from_names, (), groups, cfg.source, users_key, groups_key)
+        check(AccessPolicy.from_names, lists.users, (), cfg.source, lists.users_key, lists.groups_key)
+        check(AccessPolicy.from_names, (), lists.groups, cfg.source, lists.users_key, lists.groups_key)
 
-    check_names(
-        tuple(d.allowed_users), tuple(d.allowed_groups), "daemon.allowed_users", "daemon.allowed_groups"
-    )
+    # The lists as each instance's daemon resolves them, under the keys it
+    # would name; an instance table whose other keys are wrong is no reason
+    # to leave its lists unchecked.
+    for table_name in ("", *cfg.instance):
+        check_names(access_lists(cfg, table_name))
     for name in cfg.instance:
-        # The lists as the instance's daemon resolves them (instance_settings
-        # owns which table each comes from), under the keys it would name.
-        s = check(instance_settings, cfg, name)
-        if s is not None:
-            check_names(s.allowed_users, s.allowed_groups, s.allowed_users_key, s.allowed_groups_key)
+        check(instance_settings, cfg, name)  # its port, its socket path's length
     check(check_socket_path, cfg)
     if os.path.isdir(d.socket_dir):
         from wcached.daemon.service import check_socket_dir

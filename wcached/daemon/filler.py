@@ -8,7 +8,6 @@ import select
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 
@@ -92,7 +91,7 @@ def _fill_in_one_worker(
     on_filled: Callable[[HeldModel], None],
 ) -> None:
     parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    python = settings.worker_python or sys.executable
+    python = settings.worker_interpreter
     env = dict(os.environ, WCACHED_LOG_LEVEL=settings.log_level, WCACHED_LOG_INSTANCE=current_instance())
     env.pop("CUDA_VISIBLE_DEVICES", None)
     # vLLM's message queues between the ranks of a tensor-parallel fill meet

@@ -78,19 +78,35 @@ class Service:
             return  # the wakeup fd makes the main loop log it
         self.stop_signal = signum
 
-    def _install_signals(self) -> int:
+    def _install_signals(self) -> tuple[int, int, int]:
+        """The handlers, and a pipe the signals wake the loop through: its
+        read end, its write end and the wakeup fd it replaced."""
         r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        previous = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, self._on_signal)
-        return r
+        return r, w, previous
+
+    @staticmethod
+    def _remove_wakeup(r: int, w: int, previous: int) -> None:
+        """The wakeup pipe closed, the wakeup fd it replaced back. The
+        handlers stay: a signal after the loop has nothing left to stop."""
+        signal.set_wakeup_fd(previous)
+        os.close(r)
+        os.close(w)
 
     # -- lifecycle --------------------------------------------------------
 
     def run(self) -> int:
         # Taken first: no child (the loader worker) may inherit them.
         stored = listen_fds()
-        wakeup = self._install_signals()
+        wakeup, wakeup_w, previous = self._install_signals()
+        try:
+            return self._serve(stored, wakeup)
+        finally:
+            self._remove_wakeup(wakeup, wakeup_w, previous)
+
+    def _serve(self, stored: list[tuple[str, int]], wakeup: int) -> int:
         s = self.settings
         prepare_socket_dir(s.socket_dir, s.source)
         lock = InstanceLock(s.lock_path, s.instance_id).acquire()

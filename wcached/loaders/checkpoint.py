@@ -384,7 +384,11 @@ def _parse_header(file: str, header: bytes, data_base: int, size: int) -> list[S
     did and names what is wrong."""
     try:
         doc = _HEADER.decode(header)
-    except msgspec.DecodeError:
+        if not header.isascii():
+            # msgspec skips what it does not decode (the metadata) without
+            # checking its UTF-8; the format (and safetensors) refuses it.
+            header.decode("utf-8")
+    except (msgspec.DecodeError, UnicodeDecodeError):
         return _parse_header_loosely(file, header, data_base, size)
     stored: list[StoredTensor] = []
     for name, e in doc.items():
@@ -402,7 +406,7 @@ def _parse_header_loosely(file: str, header: bytes, data_base: int, size: int) -
     ``int()`` takes them), each entry checked by hand."""
     try:
         doc = json.loads(header)
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:  # RecursionError: nested past Python's limit
         raise CheckpointCorrupt(f"{file}: corrupt header: {e}") from None
     if not isinstance(doc, dict):
         raise CheckpointCorrupt(f"{file}: corrupt header: not a JSON object")
@@ -420,7 +424,7 @@ def _parse_entry(file: str, name: str, entry: object, data_base: int, size: int)
         dtype_name = entry["dtype"]
         shape = tuple(int(d) for d in entry["shape"])
         begin, end = (int(x) for x in entry["data_offsets"])
-    except (AssertionError, KeyError, TypeError, ValueError):
+    except (AssertionError, KeyError, TypeError, ValueError, OverflowError):  # Overflow: int(1e400)
         raise CheckpointCorrupt(f"{file}: tensor {name!r}: malformed header entry {entry!r}") from None
     return _tensor(file, name, dtype_name, shape, begin, end, data_base, size)
 
