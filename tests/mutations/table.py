@@ -60,7 +60,7 @@ MUTATIONS: tuple[Mutation, ...] = (
                 "            self._loop",
             ),
         ),
-        function="Service.run",
+        function="Service._serve",
     ),
     Mutation(
         "client does not check seals",
