@@ -6,9 +6,11 @@ process, and the worker that uses it fills and exits.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -28,12 +30,20 @@ MiB = 1 << 20
 """
 
 
+# The tree under test first on the path of these processes and of their
+# children (a child runs a script file, whose own folder is all Python
+# adds): the tests then need no installed wcached, as on the GPU machine.
+REPO = Path(__file__).resolve().parents[2]
+
+
 def run(body: str) -> str:
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
     r = subprocess.run(
         [sys.executable, "-c", PRELUDE + textwrap.dedent(body)],
         capture_output=True,
         text=True,
         timeout=300,
+        env=dict(os.environ, PYTHONPATH=path),
     )
     assert r.returncode == 0, r.stdout + r.stderr[-4000:]
     return r.stdout
