@@ -605,9 +605,9 @@ def test_check_config_checks_the_lists_of_an_instance_whose_other_keys_are_wrong
 
     path = _write(
         tmp_path,
-        "[daemon]\nmetrics_port = 65535\n"
-        '[instance."cpu3"]\nallowed_users = ["root", "no-such-user-c"]\n',
+        '[daemon]\nmetrics_port = 65535\n[instance."cpu3"]\nallowed_users = ["root", "no-such-user-c"]\n',
     )
     found = problems(load_config(path))
     assert f"{path}: key 'instance.cpu3.allowed_users[1]': no such user 'no-such-user-c'" in found
-    assert any(p.startswith(f"{path}: key 'daemon.metrics_port': 65535 + device index 3") for p in found), found
+    port = f"{path}: key 'daemon.metrics_port': 65535 + device index 3"
+    assert any(p.startswith(port) for p in found), found

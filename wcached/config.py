@@ -327,9 +327,9 @@ class AccessLists(msgspec.Struct, frozen=True):
     groups_key: str
 
 
-def access_lists(cfg: Config, table_name: str = "") -> AccessLists:
-    """The lists of an instance matched by the table ``table_name`` (none:
-    [daemon]'s): each the table's where it sets one, else [daemon]'s, under
+def access_lists(cfg: Config, table_name: str) -> AccessLists:
+    """The lists of an instance matched by the table ``table_name`` ("": by
+    none, [daemon]'s): each the table's where it sets one, else [daemon]'s, under
     the key that set it."""
     d = cfg.daemon
     table = cfg.instance[table_name] if table_name else InstanceConfig()

@@ -887,6 +887,19 @@ def test_a_missing_socket_dir_is_made_0750_and_a_link_in_its_place_refused(work:
     assert str(e.value).startswith(f"<config>: key 'daemon.socket_dir': {work / 'file'} is not a directory")
 
 
+def test_a_socket_dir_another_instance_made_meanwhile_is_taken_as_it_is(work: Path, monkeypatch) -> None:
+    """Instances started together share the socket dir: one may make it
+    between another's look and its own mkdir, which is no failure."""
+    from wcached.daemon import service as service_mod
+
+    run = work / "run"
+    run.mkdir(mode=0o750)
+    real_lexists = os.path.lexists
+    monkeypatch.setattr(service_mod.os.path, "lexists", lambda p: p != str(run) and real_lexists(p))
+    service_mod.prepare_socket_dir(str(run))  # "not there" when looked at, there when made
+    assert stat.S_IMODE(os.stat(run).st_mode) == 0o750
+
+
 @pytest.mark.parametrize(
     ("raised", "status", "journal", "said"),
     [
@@ -1171,6 +1184,18 @@ def test_a_run_gives_back_its_wakeup_pipe_and_the_wakeup_fd_it_replaced(work: Pa
         signal.set_wakeup_fd(-1)
         os.close(r)
         os.close(w)
+
+
+def test_a_run_serving_two_models_names_both(work: Path, sharded_ckpt: Path, caplog) -> None:
+    run = work / "run"
+    run.mkdir(mode=0o750)
+    service = Service(settings_for(run, models=_two_models(sharded_ckpt)), DEVICE, open_policy())
+    with caplog.at_level(logging.INFO, "wcached.service"):
+        assert _run_in_main_thread(service) == 0
+    serving = [m for m in caplog.messages if m.startswith("serving cpu0 on ")]
+    assert len(serving) == 1 and re.fullmatch(
+        rf"serving cpu0 on {re.escape(service.settings.socket_path)}: a, b \(\d+\.\d MiB\)", serving[0]
+    ), serving
 
 
 def test_a_run_stopped_while_filling_exits_zero_and_binds_nothing(

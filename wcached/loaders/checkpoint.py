@@ -387,7 +387,7 @@ def _parse_header(file: str, header: bytes, data_base: int, size: int) -> list[S
         if not header.isascii():
             # msgspec skips what it does not decode (the metadata) without
             # checking its UTF-8; the format (and safetensors) refuses it.
-            header.decode("utf-8")
+            header.decode()  # UTF-8
     except (msgspec.DecodeError, UnicodeDecodeError):
         return _parse_header_loosely(file, header, data_base, size)
     stored: list[StoredTensor] = []
