@@ -1391,4 +1391,57 @@ MUTATIONS: tuple[Mutation, ...] = (
         ),
         function="_fill_in_one_worker",
     ),
+    Mutation(
+        "a run leaves its signal wakeup pipe open",
+        "wcached/daemon/service.py",
+        "            self._remove_wakeup(wakeup, wakeup_w, previous)",
+        "            pass",
+        (
+            "tests/daemon/test_service.py::test_a_run_gives_back_its_wakeup_pipe_and_the_wakeup_fd_it_replaced",
+        ),
+        function="Service.run",
+    ),
+    Mutation(
+        "a header that is not UTF-8 is read when msgspec decodes it",
+        "wcached/loaders/checkpoint.py",
+        "            header.decode()  # UTF-8",
+        "            pass",
+        ("tests/loaders/test_checkpoint.py::test_a_header_no_decoder_can_read_is_a_corrupt_checkpoint",),
+        function="_parse_header",
+    ),
+    Mutation(
+        "a header msgspec cannot decode is not read loosely",
+        "wcached/loaders/checkpoint.py",
+        "    except (msgspec.DecodeError, UnicodeDecodeError):",
+        "    except UnicodeDecodeError:",
+        ("tests/loaders/test_checkpoint.py::test_a_header_written_loosely_reads_as_the_same_tensors",),
+        function="_parse_header",
+    ),
+    Mutation(
+        "check-config checks only the [daemon] access lists",
+        "wcached/cli/check_config.py",
+        'for table_name in ("", *cfg.instance):',
+        'for table_name in ("",):',
+        (
+            "tests/test_config.py::test_check_config_checks_the_lists_of_an_instance_whose_other_keys_are_wrong",
+            "tests/test_config.py::test_check_config_names_each_unknown_user_and_group_once_under_the_key_it_came_from",
+        ),
+        function="problems",
+    ),
+    Mutation(
+        "an instance's own user list is named under [daemon]'s key",
+        "wcached/config.py",
+        'users, users_key = table.allowed_users, f"instance.{table_name}.allowed_users"',
+        'users, users_key = table.allowed_users, "daemon.allowed_users"',
+        (
+            "tests/test_config.py::test_check_config_names_each_unknown_user_and_group_once_under_the_key_it_came_from",
+        ),
+        more=(
+            (
+                'groups, groups_key = table.allowed_groups, f"instance.{table_name}.allowed_groups"',
+                'groups, groups_key = table.allowed_groups, "daemon.allowed_groups"',
+            ),
+        ),
+        function="access_lists",
+    ),
 )
