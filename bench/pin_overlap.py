@@ -73,6 +73,8 @@ def main() -> None:
             headers = time.perf_counter() - t
             if th is not None:
                 th.join()
+                if not got:
+                    raise SystemExit(f"{how}: the pinning failed (its thread's traceback is above)")
                 check(cu.cuMemFreeHost(got[0][1]), "cuMemFreeHost")
             r = rows.setdefault(how, {"headers_s": [], "pin_s": []})
             r["headers_s"].append(headers)

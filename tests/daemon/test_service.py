@@ -4,6 +4,7 @@ service's main loop, metrics and fill in this process."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import grp
 import logging
 import os
@@ -1172,6 +1173,7 @@ def test_a_run_gives_back_its_wakeup_pipe_and_the_wakeup_fd_it_replaced(work: Pa
     try:
         for run_dir in (served, refused):
             service = Service(settings_for(run_dir, models=(model,)), DEVICE, open_policy())
+            gc.collect()  # not an earlier test's leaked socket closed mid-run
             before = sorted(os.listdir("/proc/self/fd"))
             if run_dir is served:
                 assert _run_in_main_thread(service) == 0
@@ -1184,6 +1186,26 @@ def test_a_run_gives_back_its_wakeup_pipe_and_the_wakeup_fd_it_replaced(work: Pa
         signal.set_wakeup_fd(-1)
         os.close(r)
         os.close(w)
+
+
+def test_a_run_off_the_main_thread_is_refused_and_leaves_no_fd(work: Path) -> None:
+    service = Service(settings_for(work / "run"), DEVICE, open_policy())
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            service.run()
+        except BaseException as e:
+            raised.append(e)
+
+    gc.collect()
+    before = sorted(os.listdir("/proc/self/fd"))
+    t = threading.Thread(target=run)
+    t.start()
+    t.join(30)
+    assert len(raised) == 1 and isinstance(raised[0], ValueError), raised  # signals are the main thread's
+    assert sorted(os.listdir("/proc/self/fd")) == before
+    assert not (work / "run").exists()  # refused before anything was made
 
 
 def test_a_run_serving_two_models_names_both(work: Path, sharded_ckpt: Path, caplog) -> None:

@@ -752,6 +752,9 @@ def test_a_well_formed_header_is_decoded_without_the_loose_path(tmp_path: Path, 
     assert [t.name for t in Checkpoint(with_metadata).headers().tensors] == ["w"]
 
 
+_EMPTY = b'{"dtype": "U8", "shape": [0], "data_offsets": [0, 0]}}'  # an entry, then the header's end
+
+
 @pytest.mark.parametrize(
     ("header", "problem"),
     [
@@ -765,6 +768,11 @@ def test_a_well_formed_header_is_decoded_without_the_loose_path(tmp_path: Path, 
             r"tensor 'w': malformed header entry .*inf",
         ),
         (b'{"__metadata__": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "corrupt header: maximum recursion"),
+        # an encoded surrogate, which json.loads would take from bytes
+        (b'{"w\xed\xa0\x80": ' + _EMPTY, "corrupt header: 'utf-8'"),
+        (b'\xef\xbb\xbf{"w": ' + _EMPTY, "corrupt header: .*BOM"),
+        # an escaped lone surrogate: JSON, but no name a tensor can have
+        (b'{"w\\ud800": ' + _EMPTY, "the name is not valid Unicode"),
     ],
 )
 def test_a_header_no_decoder_can_read_is_a_corrupt_checkpoint(

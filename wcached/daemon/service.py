@@ -75,14 +75,19 @@ class Service:
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         if signum == signal.SIGHUP:
-            return  # the wakeup fd makes the main loop log it
+            return  # nothing to reload: the wakeup only turns the loop
         self.stop_signal = signum
 
     def _install_signals(self) -> tuple[int, int, int]:
         """The handlers, and a pipe the signals wake the loop through: its
         read end, its write end and the wakeup fd it replaced."""
         r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        previous = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        try:
+            previous = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        except BaseException:  # not the main thread: nothing installed, nothing left open
+            os.close(r)
+            os.close(w)
+            raise
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, self._on_signal)
         return r, w, previous
@@ -98,6 +103,10 @@ class Service:
     # -- lifecycle --------------------------------------------------------
 
     def run(self) -> int:
+        """Fill, serve until a signal stops it, and give the exit status. In
+        the main thread (signals are its). The handlers it installs stay
+        after it returns, when serve exits; a caller that goes on puts its
+        own back."""
         # Taken first: no child (the loader worker) may inherit them.
         stored = listen_fds()
         wakeup, wakeup_w, previous = self._install_signals()

@@ -405,7 +405,8 @@ def _parse_header_loosely(file: str, header: bytes, data_base: int, size: int) -
     """The header read as any JSON (numbers as strings or floats where
     ``int()`` takes them), each entry checked by hand."""
     try:
-        doc = json.loads(header)
+        # Decoded strictly first: json.loads guesses at bytes and lets surrogates through.
+        doc = json.loads(header.decode())
     except (ValueError, RecursionError) as e:  # RecursionError: nested past Python's limit
         raise CheckpointCorrupt(f"{file}: corrupt header: {e}") from None
     if not isinstance(doc, dict):
@@ -426,6 +427,10 @@ def _parse_entry(file: str, name: str, entry: object, data_base: int, size: int)
         begin, end = (int(x) for x in entry["data_offsets"])
     except (AssertionError, KeyError, TypeError, ValueError, OverflowError):  # Overflow: int(1e400)
         raise CheckpointCorrupt(f"{file}: tensor {name!r}: malformed header entry {entry!r}") from None
+    try:
+        name.encode()  # json lets an escaped lone surrogate through; msgspec refuses it
+    except UnicodeEncodeError:
+        raise CheckpointCorrupt(f"{file}: tensor {name!r}: the name is not valid Unicode") from None
     return _tensor(file, name, dtype_name, shape, begin, end, data_base, size)
 
 
