@@ -1444,4 +1444,20 @@ MUTATIONS: tuple[Mutation, ...] = (
         ),
         function="access_lists",
     ),
+    Mutation(
+        "the loose header path lets json guess at the bytes",
+        "wcached/loaders/checkpoint.py",
+        "        doc = json.loads(header.decode())",
+        "        doc = json.loads(header)",
+        ("tests/loaders/test_checkpoint.py::test_a_header_no_decoder_can_read_is_a_corrupt_checkpoint",),
+        function="_parse_header_loosely",
+    ),
+    Mutation(
+        "a run off the main thread leaves its wakeup pipe open",
+        "wcached/daemon/service.py",
+        "            os.close(r)\n            os.close(w)\n            raise",
+        "            raise",
+        ("tests/daemon/test_service.py::test_a_run_off_the_main_thread_is_refused_and_leaves_no_fd",),
+        function="Service._install_signals",
+    ),
 )
