@@ -285,3 +285,47 @@ def test_an_untrusted_socket_directory_is_reported_once_and_its_fix_lets_the_dae
     assert not [line for line in again.splitlines() if line.startswith("FAIL") and str(run) in line], again
     with run_daemon(cfg) as d:
         assert d.proc.poll() is None
+
+
+def test_each_instance_tables_access_lists_are_checked_as_the_daemon_resolves_them(tmp_path: Path) -> None:
+    """A group or user an instance table names is checked under its key, a
+    numeric id is taken as the daemon takes it, and the printed fix works."""
+    if os.geteuid() != 0:
+        pytest.skip("groupadd needs root")
+    missing = "wcached-doctor-test-grp"
+    subprocess.run(["groupdel", missing], capture_output=True, check=False)
+    path = tmp_path / "w.toml"
+    path.write_text(
+        f"""
+[daemon]
+socket_dir = "{tmp_path / "run"}"
+allowed_users = ["no-such-user-here"]
+allowed_groups = ["4242"]
+
+[instance."cpu1"]
+allowed_groups = ["4242", "{missing}"]
+
+[[model]]
+name = "m"
+path = "{tmp_path / "none"}"
+"""
+    )
+    out = _doctor(path).stdout
+    line, fix = _problem(out, f"allowed group {missing}")
+    assert "(instance.cpu1.allowed_groups[1])" in line, line
+    assert fix == f"groupadd --system {missing}, or fix instance.cpu1.allowed_groups[1] in {path}"
+    line, _ = _problem(out, "allowed user no-such-user-here")
+    assert "(daemon.allowed_users[0])" in line
+    # The daemon allows a numeric id as it is: no problem, under both keys.
+    assert "allowed group 4242 (daemon.allowed_groups[0])" in out
+    assert "allowed group 4242 (instance.cpu1.allowed_groups[0])" in out
+    assert not any(line.startswith("FAIL") and "4242" in line for line in out.splitlines()), out
+    # An inherited list is said once, under [daemon]'s key.
+    assert out.count("(daemon.allowed_users[0])") == 1, out
+    subprocess.run(fix.split(",")[0], shell=True, check=True)
+    try:
+        again = _doctor(path).stdout
+        assert f"allowed group {missing} (instance.cpu1.allowed_groups[1]): " in again, again
+        assert not any(missing in line and line.startswith("FAIL") for line in again.splitlines()), again
+    finally:
+        subprocess.run(["groupdel", missing], capture_output=True, check=False)

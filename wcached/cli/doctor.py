@@ -292,14 +292,45 @@ def check_socket_dir(r: Report, cfg, user: str = DAEMON_USER) -> None:
         )
     else:
         r.ok(f"socket directory {sdir} {owner}:{group} {mode:04o}")
-    for g in cfg.daemon.allowed_groups:
-        try:
-            members = grp.getgrnam(g).gr_mem
-            r.ok(f"allowed group {g}: {', '.join(members) or 'no extra members yet'}")
-        except KeyError:
-            r.fail(
-                f"allowed group {g} does not exist", f"groupadd --system {g}, or fix daemon.allowed_groups"
-            )
+
+
+def check_access_lists(r: Report, cfg) -> None:
+    """Every user and group an instance's daemon would let attach, as it
+    resolves them (a name, or a numeric id as it is), under the key that set
+    it: [daemon]'s lists and each instance table's own."""
+    from wcached.config import access_lists
+    from wcached.daemon.peers import group_id, user_id
+
+    said: set[str] = set()
+    for table_name in ("", *cfg.instance):
+        lists = access_lists(cfg, table_name)
+        for i, name in enumerate(lists.users):
+            key = f"{lists.users_key}[{i}]"
+            if key in said:  # [daemon]'s list, inherited by this table
+                continue
+            said.add(key)
+            if user_id(name) is None:
+                r.fail(
+                    f"allowed user {name} ({key}) does not exist",
+                    f"useradd --system {shlex.quote(name)}, or fix {key} in {cfg.source}",
+                )
+        for i, name in enumerate(lists.groups):
+            key = f"{lists.groups_key}[{i}]"
+            if key in said:
+                continue
+            said.add(key)
+            gid = group_id(name)
+            if gid is None:
+                r.fail(
+                    f"allowed group {name} ({key}) does not exist",
+                    f"groupadd --system {shlex.quote(name)}, or fix {key} in {cfg.source}",
+                )
+                continue
+            try:
+                members = ", ".join(grp.getgrgid(gid).gr_mem) or "no extra members yet"
+            except KeyError:  # a numeric id no group of this host has: allowed as it is
+                members = "an id no group of this host has"
+            r.ok(f"allowed group {name} ({key}): {members}")
 
 
 def _has_user(name: str) -> bool:
@@ -489,6 +520,7 @@ def run(config: str | None, instance: str | None = None, user: str = DAEMON_USER
             )
         check_user_access(r, cfg, models, user)
         check_socket_dir(r, cfg, user)
+        check_access_lists(r, cfg)
         check_parallel_fill(r, models)
     check_units(r, instance)
     check_gpu(r)

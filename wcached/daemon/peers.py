@@ -58,6 +58,28 @@ def _peer_groups(conn: socket.socket, pid: int) -> list[int]:
     return []
 
 
+def user_id(name: str) -> int | None:
+    """The uid an ``allowed_users`` entry stands for: a user's name, or a
+    numeric id taken as it is (a user of a container, say); None if no user
+    has that name."""
+    if name.isdigit():
+        return int(name)
+    try:
+        return pwd.getpwnam(name).pw_uid
+    except KeyError:
+        return None
+
+
+def group_id(name: str) -> int | None:
+    """The gid an ``allowed_groups`` entry stands for (as :func:`user_id`)."""
+    if name.isdigit():
+        return int(name)
+    try:
+        return grp.getgrnam(name).gr_gid
+    except KeyError:
+        return None
+
+
 @dataclass(frozen=True)
 class AccessPolicy:
     own_uid: int
@@ -78,16 +100,16 @@ class AccessPolicy:
         key it came from with its position (``users_key[i]``)."""
         uids = set()
         for i, name in enumerate(users):
-            try:
-                uids.add(int(name) if name.isdigit() else pwd.getpwnam(name).pw_uid)
-            except KeyError:
-                raise ConfigError(config_path, f"{users_key}[{i}]", f"no such user {name!r}") from None
+            uid = user_id(name)
+            if uid is None:
+                raise ConfigError(config_path, f"{users_key}[{i}]", f"no such user {name!r}")
+            uids.add(uid)
         gids = set()
         for i, name in enumerate(groups):
-            try:
-                gids.add(int(name) if name.isdigit() else grp.getgrnam(name).gr_gid)
-            except KeyError:
-                raise ConfigError(config_path, f"{groups_key}[{i}]", f"no such group {name!r}") from None
+            gid = group_id(name)
+            if gid is None:
+                raise ConfigError(config_path, f"{groups_key}[{i}]", f"no such group {name!r}")
+            gids.add(gid)
         return cls(os.getuid(), frozenset(uids), frozenset(gids))
 
     def allows(self, peer: PeerCredentials) -> bool:
