@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from wcached.config import instance_settings, load_config, parse_size
+from wcached.config import AccessLists, instance_settings, load_config, parse_size
 from wcached.errors import EX_CONFIG, ConfigError
 
 GOOD = """
@@ -48,7 +48,7 @@ def test_good_config_resolves_relative_paths_and_instances(tmp_path: Path) -> No
     s1 = instance_settings(cfg, "cpu1")
     assert [m.name for m in s1.models] == ["small"]
     assert s1.connection_timeout_s == 3.0
-    assert s1.allowed_groups == ("wcache",)
+    assert s1.access.groups == ("wcache",)
     assert s1.socket_path == str(tmp_path / "run" / "cpu1.sock")
 
 
@@ -484,9 +484,9 @@ def test_an_instance_table_overrides_the_daemons_access_lists_and_the_rest_is_th
     path = _write(tmp_path, text)
     cfg = load_config(path)
     own = instance_settings(cfg, "cpu1")
-    assert (own.allowed_users, own.allowed_groups) == (("bob",), ())
+    assert (own.access.users, own.access.groups) == (("bob",), ())
     default = instance_settings(cfg, "cpu0")
-    assert (default.allowed_users, default.allowed_groups) == (("alice",), ("render",))
+    assert (default.access.users, default.access.groups) == (("alice",), ("render",))
     for s in (own, default):
         assert (s.worker_python, s.log_level, s.source) == ("/opt/engine/bin/python3", "debug", str(path))
         assert s.worker_interpreter == "/opt/engine/bin/python3"
@@ -503,16 +503,11 @@ def test_access_list_errors_name_the_key_the_list_came_from(tmp_path: Path) -> N
     )
     cfg = load_config(path)
     gpu = instance_settings(cfg, "GPU-0a1b2c3d-0000-0000-0000-000000000000", ("0",))
-    assert (gpu.allowed_users, gpu.allowed_groups) == (("bob",), ("render",))
-    assert (gpu.allowed_users_key, gpu.allowed_groups_key) == (
-        "instance.0.allowed_users",
-        "daemon.allowed_groups",
+    assert gpu.access == AccessLists(
+        ("bob",), ("render",), "instance.0.allowed_users", "daemon.allowed_groups"
     )
     other = instance_settings(cfg, "cpu1")
-    assert (other.allowed_users_key, other.allowed_groups_key) == (
-        "daemon.allowed_users",
-        "daemon.allowed_groups",
-    )
+    assert other.access == AccessLists(("alice",), ("render",))  # [daemon]'s keys
 
 
 @pytest.mark.parametrize(

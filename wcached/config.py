@@ -85,14 +85,25 @@ class Config(_Table):
     source: str = ""
 
 
+class AccessLists(msgspec.Struct, frozen=True):
+    """Who may attach to an instance, and the keys each list came from (for
+    errors about a name that does not resolve). Empty: the daemon's own user
+    and root alone."""
+
+    users: tuple[str, ...] = ()
+    groups: tuple[str, ...] = ()
+    users_key: str = "daemon.allowed_users"
+    groups_key: str = "daemon.allowed_groups"
+
+
 class InstanceSettings(msgspec.Struct, frozen=True, kw_only=True):
     """What one instance runs with, daemon defaults overlaid by its table."""
 
     instance_id: str
     socket_dir: str
     models: tuple[ModelConfig, ...]
-    allowed_users: tuple[str, ...]
-    allowed_groups: tuple[str, ...]
+    # Who may attach, from the instance's table or [daemon] (access_lists).
+    access: AccessLists
     connection_timeout_s: float
     max_clients: int
     worker_python: str
@@ -102,11 +113,6 @@ class InstanceSettings(msgspec.Struct, frozen=True, kw_only=True):
     metrics_port: int = 0
     # The key metrics_port came from, for errors about the port (in use).
     metrics_port_key: str = "daemon.metrics_port"
-    # The keys allowed_users and allowed_groups came from (an instance's table
-    # where it sets them, by whichever name it matched; else [daemon]), for
-    # errors about a name that does not resolve.
-    allowed_users_key: str = "daemon.allowed_users"
-    allowed_groups_key: str = "daemon.allowed_groups"
     # The config file this came from (for errors that name it).
     source: str = ""
 
@@ -317,16 +323,6 @@ def check_socket_path(cfg: Config, name: str = LONGEST_SOCKET_NAME) -> None:
         )
 
 
-class AccessLists(msgspec.Struct, frozen=True):
-    """Who may attach to an instance, and the keys each list came from (for
-    errors about a name that does not resolve)."""
-
-    users: tuple[str, ...]
-    groups: tuple[str, ...]
-    users_key: str
-    groups_key: str
-
-
 def access_lists(cfg: Config, table_name: str) -> AccessLists:
     """The lists of an instance matched by the table ``table_name`` ("": by
     none, [daemon]'s): each the table's where it sets one, else [daemon]'s, under
@@ -385,13 +381,11 @@ def instance_settings(
                     f"{d.metrics_port} + device index {index} of {instance_id} = {metrics_port} "
                     f"is over {MAX_PORT}: lower it, or give this instance a metrics_port of its own",
                 )
-    access = access_lists(cfg, table_name)
     return InstanceSettings(
         instance_id=instance_id,
         socket_dir=d.socket_dir,
         models=models,
-        allowed_users=access.users,
-        allowed_groups=access.groups,
+        access=access_lists(cfg, table_name),
         connection_timeout_s=table.connection_timeout_s or d.connection_timeout_s,
         max_clients=table.max_clients or d.max_clients,
         worker_python=d.worker_python,
@@ -399,8 +393,6 @@ def instance_settings(
         metrics_dir=d.metrics_dir,
         metrics_port=metrics_port,
         metrics_port_key=port_key,
-        allowed_users_key=access.users_key,
-        allowed_groups_key=access.groups_key,
         source=cfg.source,
     )
 

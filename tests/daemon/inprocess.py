@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from wcached.config import InstanceSettings
+from wcached.config import AccessLists, InstanceSettings
 from wcached.daemon.fdstore import FdStore
 from wcached.daemon.holdings import Holdings
 from wcached.daemon.metrics import NoMetrics
@@ -66,8 +66,7 @@ def settings_for(socket_dir: Path, **kw: object) -> InstanceSettings:
         "instance_id": "cpu0",
         "socket_dir": str(socket_dir),
         "models": (),
-        "allowed_users": (),
-        "allowed_groups": (),
+        "access": AccessLists(),
         "connection_timeout_s": 5.0,
         "max_clients": 8,
         "worker_python": "",
@@ -77,7 +76,7 @@ def settings_for(socket_dir: Path, **kw: object) -> InstanceSettings:
 
 
 def open_policy() -> AccessPolicy:
-    return AccessPolicy.from_names((), (), "", "daemon.allowed_users", "daemon.allowed_groups")
+    return AccessPolicy.from_lists(AccessLists(), "")
 
 
 @contextlib.contextmanager

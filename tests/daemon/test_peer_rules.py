@@ -13,6 +13,7 @@ import subprocess
 
 import pytest
 
+from wcached.config import AccessLists
 from wcached.daemon import peers
 from wcached.daemon.peers import AccessPolicy, PeerCredentials
 from wcached.errors import ConfigError
@@ -90,22 +91,16 @@ def test_a_peer_gone_from_proc_has_no_groups() -> None:
 
 def test_unknown_names_are_config_errors_naming_file_key_and_name() -> None:
     with pytest.raises(ConfigError) as e:
-        AccessPolicy.from_names(
-            ("root", "no-such-user-here"),
-            (),
+        AccessPolicy.from_lists(
+            AccessLists(("root", "no-such-user-here"), (), users_key="instance.0.allowed_users"),
             "/etc/wcache/x.toml",
-            "instance.0.allowed_users",
-            "daemon.allowed_groups",
         )
     assert (e.value.path, e.value.key) == ("/etc/wcache/x.toml", "instance.0.allowed_users[1]")
     assert "no such user 'no-such-user-here'" in str(e.value)
     with pytest.raises(ConfigError) as e:
-        AccessPolicy.from_names(
-            (),
-            ("root", "no-such-group-here"),
+        AccessPolicy.from_lists(
+            AccessLists((), ("root", "no-such-group-here"), groups_key="instance.0.allowed_groups"),
             "/etc/wcache/x.toml",
-            "daemon.allowed_users",
-            "instance.0.allowed_groups",
         )
     assert (e.value.path, e.value.key) == ("/etc/wcache/x.toml", "instance.0.allowed_groups[1]")
     assert "no such group 'no-such-group-here'" in str(e.value)
@@ -114,9 +109,7 @@ def test_unknown_names_are_config_errors_naming_file_key_and_name() -> None:
 def test_numeric_ids_need_no_passwd_entry() -> None:
     """A uid or gid given as a number is taken as it is (a container's users
     are often not in the host's passwd)."""
-    policy = AccessPolicy.from_names(
-        ("123457",), ("123458",), "x.toml", "daemon.allowed_users", "daemon.allowed_groups"
-    )
+    policy = AccessPolicy.from_lists(AccessLists(("123457",), ("123458",)), "x.toml")
     assert policy.uids == {123457} and policy.gids == {123458}
     assert policy.own_uid == os.getuid()
 

@@ -41,6 +41,7 @@ from tests.daemon.inprocess import (
 )
 from tests.helpers import TEST_USER, fds_opened_since, open_fds, require_test_user, run_as
 from wcached.client.connection import DaemonConnection
+from wcached.config import AccessLists
 from wcached.daemon.holdings import Holdings
 from wcached.daemon.metrics import Metrics
 from wcached.daemon.peers import AccessPolicy
@@ -605,9 +606,7 @@ def _as_test_user(server: Server, ask: str) -> tuple[tuple[int, int, int], str]:
 
 
 def _policy(**names: tuple[str, ...]) -> AccessPolicy:
-    return AccessPolicy.from_names(
-        names.get("users", ()), names.get("groups", ()), "", "daemon.allowed_users", "daemon.allowed_groups"
-    )
+    return AccessPolicy.from_lists(AccessLists(names.get("users", ()), names.get("groups", ())), "")
 
 
 def test_a_user_the_policy_does_not_allow_is_refused_by_uid_and_nothing_is_served(

@@ -540,7 +540,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "        return cls(os.getuid(), frozenset(uids), frozenset(gids))",
         "        return cls(0, frozenset(uids), frozenset(gids))",
         ("tests/daemon/test_own_user.py::test_the_daemons_own_user_attaches_and_administers",),
-        function="AccessPolicy.from_names",
+        function="AccessPolicy.from_lists",
     ),
     Mutation(
         "a client does not trust a daemon of its own user",

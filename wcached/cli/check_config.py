@@ -15,6 +15,8 @@ import pwd
 import stat
 import subprocess
 
+import msgspec
+
 from wcached.config import (
     AccessLists,
     Config,
@@ -46,8 +48,8 @@ def problems(cfg: Config) -> list[str]:
 
     def check_names(lists: AccessLists) -> None:
         # Each list on its own: a bad user does not hide a bad group.
-        check(AccessPolicy.from_names, lists.users, (), cfg.source, lists.users_key, lists.groups_key)
-        check(AccessPolicy.from_names, (), lists.groups, cfg.source, lists.users_key, lists.groups_key)
+        check(AccessPolicy.from_lists, msgspec.structs.replace(lists, groups=()), cfg.source)
+        check(AccessPolicy.from_lists, msgspec.structs.replace(lists, users=()), cfg.source)
 
     # The lists as each instance's daemon resolves them, under the keys it
     # would name; an instance table whose other keys are wrong is no reason

@@ -16,6 +16,7 @@ import socket
 import struct
 from dataclasses import dataclass
 
+from wcached.config import AccessLists
 from wcached.errors import ConfigError
 
 SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)
@@ -87,28 +88,22 @@ class AccessPolicy:
     gids: frozenset[int]
 
     @classmethod
-    def from_names(
-        cls,
-        users: tuple[str, ...],
-        groups: tuple[str, ...],
-        config_path: str,
-        users_key: str,
-        groups_key: str,
-    ) -> AccessPolicy:
-        """The policy of these user and group names (or numeric ids); a name
-        that does not resolve is a ConfigError naming ``config_path`` and the
-        key it came from with its position (``users_key[i]``)."""
+    def from_lists(cls, lists: AccessLists, config_path: str) -> AccessPolicy:
+        """The policy of an instance's lists of user and group names (or
+        numeric ids); a name that does not resolve is a ConfigError naming
+        ``config_path`` and the key it came from with its position
+        (``instance.0.allowed_users[1]``)."""
         uids = set()
-        for i, name in enumerate(users):
+        for i, name in enumerate(lists.users):
             uid = user_id(name)
             if uid is None:
-                raise ConfigError(config_path, f"{users_key}[{i}]", f"no such user {name!r}")
+                raise ConfigError(config_path, f"{lists.users_key}[{i}]", f"no such user {name!r}")
             uids.add(uid)
         gids = set()
-        for i, name in enumerate(groups):
+        for i, name in enumerate(lists.groups):
             gid = group_id(name)
             if gid is None:
-                raise ConfigError(config_path, f"{groups_key}[{i}]", f"no such group {name!r}")
+                raise ConfigError(config_path, f"{lists.groups_key}[{i}]", f"no such group {name!r}")
             gids.add(gid)
         return cls(os.getuid(), frozenset(uids), frozenset(gids))
 

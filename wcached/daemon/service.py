@@ -347,13 +347,7 @@ def serve(instance: str, config_path: str | None) -> int:
         setup_logging(settings.log_level)
         if not settings.models:
             raise ConfigError(cfg.source, "model", f"no [[model]] is configured for {instance}")
-        policy = AccessPolicy.from_names(
-            settings.allowed_users,
-            settings.allowed_groups,
-            cfg.source,
-            settings.allowed_users_key,
-            settings.allowed_groups_key,
-        )
+        policy = AccessPolicy.from_lists(settings.access, cfg.source)
         log.info(
             "wcached %s starting %s (%s) with %s", __version__, device.instance_id, device.name, cfg.source
         )
