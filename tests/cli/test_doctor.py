@@ -123,7 +123,6 @@ def test_missing_checkpoint_and_custom_socket_dir_get_their_own_fixes(tmp_path: 
     class Cfg:
         class daemon:
             socket_dir = "/srv/wcache-sockets"
-            allowed_groups: list[str] = []
 
     report = Report()
     import wcached.cli.doctor as doctor
@@ -287,45 +286,70 @@ def test_an_untrusted_socket_directory_is_reported_once_and_its_fix_lets_the_dae
         assert d.proc.poll() is None
 
 
-def test_each_instance_tables_access_lists_are_checked_as_the_daemon_resolves_them(tmp_path: Path) -> None:
-    """A group or user an instance table names is checked under its key, a
-    numeric id is taken as the daemon takes it, and the printed fix works."""
-    if os.geteuid() != 0:
-        pytest.skip("groupadd needs root")
-    missing = "wcached-doctor-test-grp"
-    subprocess.run(["groupdel", missing], capture_output=True, check=False)
+def _access_config(tmp_path: Path, missing: str) -> Path:
     path = tmp_path / "w.toml"
     path.write_text(
         f"""
 [daemon]
 socket_dir = "{tmp_path / "run"}"
-allowed_users = ["no-such-user-here"]
+allowed_users = ["no-such-user-here", "4242"]
 allowed_groups = ["4242"]
 
 [instance."cpu1"]
 allowed_groups = ["4242", "{missing}"]
+
+[instance."cpu2"]
+allowed_users = []
 
 [[model]]
 name = "m"
 path = "{tmp_path / "none"}"
 """
     )
+    return path
+
+
+MISSING_GROUP = "wcached-doctor-test-grp"
+
+
+def test_each_instance_tables_access_lists_are_checked_as_the_daemon_resolves_them(tmp_path: Path) -> None:
+    """A group or user an instance table names is checked under its key, a
+    numeric id is taken as the daemon takes it, an inherited list is said
+    once and an empty one a table sets is said."""
+    if os.geteuid() == 0:
+        subprocess.run(["groupdel", MISSING_GROUP], capture_output=True, check=False)
+    path = _access_config(tmp_path, MISSING_GROUP)
     out = _doctor(path).stdout
-    line, fix = _problem(out, f"allowed group {missing}")
+    line, fix = _problem(out, f"allowed group '{MISSING_GROUP}'")
     assert "(instance.cpu1.allowed_groups[1])" in line, line
-    assert fix == f"groupadd --system {missing}, or fix instance.cpu1.allowed_groups[1] in {path}"
-    line, _ = _problem(out, "allowed user no-such-user-here")
+    assert fix == f"groupadd --system {MISSING_GROUP}, or fix instance.cpu1.allowed_groups[1] in {path}"
+    line, fix = _problem(out, "allowed user 'no-such-user-here'")
     assert "(daemon.allowed_users[0])" in line
-    # The daemon allows a numeric id as it is: no problem, under both keys.
-    assert "allowed group 4242 (daemon.allowed_groups[0])" in out
-    assert "allowed group 4242 (instance.cpu1.allowed_groups[0])" in out
+    assert fix == f"useradd --system no-such-user-here, or fix daemon.allowed_users[0] in {path}"
+    # The daemon allows a numeric id as it is: no problem, under each key.
+    for key in ("daemon.allowed_users[1]", "daemon.allowed_groups[0]", "instance.cpu1.allowed_groups[0]"):
+        assert f"4242 ({key}): " in out, out
     assert not any(line.startswith("FAIL") and "4242" in line for line in out.splitlines()), out
-    # An inherited list is said once, under [daemon]'s key.
+    # Inherited lists (cpu1's users, cpu2's groups) are said once, under [daemon]'s keys.
     assert out.count("(daemon.allowed_users[0])") == 1, out
+    assert out.count("(daemon.allowed_groups[0])") == 1, out
+    assert "instance.cpu2.allowed_users is empty: no other user may attach to instance cpu2" in out, out
+    assert sum(line.startswith("FAIL") for line in out.splitlines() if "allowed" in line) == 2, out
+
+
+def test_the_groupadd_doctor_prints_for_a_missing_allowed_group_makes_it_pass(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI runs as root")
+        pytest.skip("groupadd needs root")
+    subprocess.run(["groupdel", MISSING_GROUP], capture_output=True, check=False)
+    path = _access_config(tmp_path, MISSING_GROUP)
+    _, fix = _problem(_doctor(path).stdout, f"allowed group '{MISSING_GROUP}'")
     subprocess.run(fix.split(",")[0], shell=True, check=True)
     try:
         again = _doctor(path).stdout
-        assert f"allowed group {missing} (instance.cpu1.allowed_groups[1]): " in again, again
-        assert not any(missing in line and line.startswith("FAIL") for line in again.splitlines()), again
+        assert f"allowed group {MISSING_GROUP} (instance.cpu1.allowed_groups[1]): gid " in again, again
+        fails = [line for line in again.splitlines() if line.startswith("FAIL")]
+        assert not any(MISSING_GROUP in line for line in fails), again
     finally:
-        subprocess.run(["groupdel", missing], capture_output=True, check=False)
+        subprocess.run(["groupdel", MISSING_GROUP], capture_output=True, check=False)

@@ -125,3 +125,25 @@ def test_root_and_the_daemons_own_user_attach_and_administer_others_do_not() -> 
     assert policy.allows(_peer(1001)) and not policy.may_administer(_peer(1001))
     assert policy.allows(_peer(1, gid=2002)) and policy.allows(_peer(1, groups=(7, 2002)))
     assert not policy.allows(_peer(1)) and not policy.may_administer(_peer(1))
+
+
+@pytest.mark.parametrize("entry", ["²", "٣", "4294967295", "4294967296", "a\x00b"])
+def test_an_entry_no_id_can_stand_for_is_a_config_error_naming_its_key(entry: str) -> None:
+    """A digit that is not ASCII (Python's isdigit takes it, int() may not or
+    reads another number), an id past uid_t's (2**32 - 1 is the kernel's "no
+    id"), a NUL in a name: refused under the key, like an unknown name."""
+    for lists, key in (
+        (AccessLists((entry,), ()), "daemon.allowed_users[0]"),
+        (
+            AccessLists((), ("root", entry), groups_key="instance.0.allowed_groups"),
+            "instance.0.allowed_groups[1]",
+        ),
+    ):
+        with pytest.raises(ConfigError) as e:
+            AccessPolicy.from_lists(lists, "x.toml")
+        assert e.value.key == key
+
+
+def test_the_largest_id_a_kernel_gives_is_taken() -> None:
+    policy = AccessPolicy.from_lists(AccessLists(("4294967294",), ("4294967294",)), "x.toml")
+    assert policy.uids == {4294967294} and policy.gids == {4294967294}

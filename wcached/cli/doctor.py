@@ -304,33 +304,36 @@ def check_access_lists(r: Report, cfg) -> None:
     said: set[str] = set()
     for table_name in ("", *cfg.instance):
         lists = access_lists(cfg, table_name)
-        for i, name in enumerate(lists.users):
-            key = f"{lists.users_key}[{i}]"
-            if key in said:  # [daemon]'s list, inherited by this table
+        for what, names, list_key, resolve, add in (
+            ("user", lists.users, lists.users_key, user_id, "useradd"),
+            ("group", lists.groups, lists.groups_key, group_id, "groupadd"),
+        ):
+            if list_key in said:  # [daemon]'s list, inherited by this table
                 continue
-            said.add(key)
-            if user_id(name) is None:
-                r.fail(
-                    f"allowed user {name} ({key}) does not exist",
-                    f"useradd --system {shlex.quote(name)}, or fix {key} in {cfg.source}",
-                )
-        for i, name in enumerate(lists.groups):
-            key = f"{lists.groups_key}[{i}]"
-            if key in said:
-                continue
-            said.add(key)
-            gid = group_id(name)
-            if gid is None:
-                r.fail(
-                    f"allowed group {name} ({key}) does not exist",
-                    f"groupadd --system {shlex.quote(name)}, or fix {key} in {cfg.source}",
-                )
-                continue
-            try:
-                members = ", ".join(grp.getgrgid(gid).gr_mem) or "no extra members yet"
-            except KeyError:  # a numeric id no group of this host has: allowed as it is
-                members = "an id no group of this host has"
-            r.ok(f"allowed group {name} ({key}): {members}")
+            said.add(list_key)
+            if not names and table_name:
+                r.info(f"{list_key} is empty: no other {what} may attach to instance {table_name}")
+            for i, name in enumerate(names):
+                key = f"{list_key}[{i}]"
+                found = resolve(name)
+                if found is None:
+                    r.fail(
+                        f"allowed {what} {name!r} ({key}) does not exist",
+                        f"{add} --system {shlex.quote(name)}, or fix {key} in {cfg.source}",
+                    )
+                else:
+                    r.ok(f"allowed {what} {name} ({key}): {_id_entry(what, found)}")
+
+
+def _id_entry(what: str, found: int) -> str:
+    """What the host's user or group database says of an allowed id."""
+    try:
+        if what == "user":
+            return f"uid {found} ({pwd.getpwuid(found).pw_name})"
+        members = ", ".join(grp.getgrgid(found).gr_mem) or "no extra members yet"
+        return f"gid {found}; {members}"
+    except KeyError:  # a numeric id no entry of this host has: allowed as it is
+        return f"id {found}, which no {what} of this host has (allowed as it is)"
 
 
 def _has_user(name: str) -> bool:

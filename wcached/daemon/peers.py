@@ -62,22 +62,22 @@ def _peer_groups(conn: socket.socket, pid: int) -> list[int]:
 def user_id(name: str) -> int | None:
     """The uid an ``allowed_users`` entry stands for: a user's name, or a
     numeric id taken as it is (a user of a container, say); None if no user
-    has that name."""
-    if name.isdigit():
-        return int(name)
+    has that name, nor any id past uid_t's (2**32 - 1 is no one: -1)."""
+    if name.isascii() and name.isdigit():  # str.isdigit() takes "²" and "٣" too
+        return int(name) if int(name) < 2**32 - 1 else None
     try:
         return pwd.getpwnam(name).pw_uid
-    except KeyError:
+    except (KeyError, ValueError):  # ValueError: a NUL in the name
         return None
 
 
 def group_id(name: str) -> int | None:
     """The gid an ``allowed_groups`` entry stands for (as :func:`user_id`)."""
-    if name.isdigit():
-        return int(name)
+    if name.isascii() and name.isdigit():
+        return int(name) if int(name) < 2**32 - 1 else None
     try:
         return grp.getgrnam(name).gr_gid
-    except KeyError:
+    except (KeyError, ValueError):
         return None
 
 
