@@ -584,6 +584,26 @@ def test_the_watch_reads_a_quiet_connection_as_held_and_a_closed_one_as_ended(
     daemons.close()
 
 
+class _Due:
+    """What the watcher reads of a lease its daemon ended, due in ``due_in`` s."""
+
+    def __init__(self, name: str, due_in: float, tried: dict[str, float]) -> None:
+        self.name, self.stopped, self.lost_at = name, False, time.monotonic()
+        self.retry_at = self.lost_at + due_in
+        self._tried = tried
+
+    def try_again(self, now: float) -> bool:
+        self._tried[self.name] = now
+        self.retry_at = now + 3600  # not due again within the test
+        return False
+
+
+def _wait_tried(tried: dict[str, float], name: str, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while name not in tried and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def test_of_two_lost_leases_the_one_due_first_is_tried_first() -> None:
     """The watcher sleeps until the earliest lost lease is due, not the one
     it looked at last: a lease due in half a second is tried long before
@@ -591,32 +611,94 @@ def test_of_two_lost_leases_the_one_due_first_is_tried_first() -> None:
     from wcached.client.lease import _Watcher
 
     tried: dict[str, float] = {}
-
-    class Lost:
-        """What the watcher reads of a lease its daemon ended."""
-
-        def __init__(self, name: str, due_in: float) -> None:
-            self.name, self.stopped, self.lost_at = name, False, time.monotonic()
-            self.retry_at = self.lost_at + due_in
-
-        def try_again(self, now: float) -> bool:
-            tried[self.name] = now
-            self.retry_at = now + 3600  # not due again within this test
-            return False
-
     watcher = _Watcher()  # its own thread, apart from the process's watcher
-    soon, later = Lost("soon", 0.5), Lost("later", 60)
+    soon, later = _Due("soon", 0.5, tried), _Due("later", 60, tried)
     watcher.add(soon)  # type: ignore[arg-type]
     watcher.add(later)  # type: ignore[arg-type]
     try:
-        deadline = time.monotonic() + 10
-        while "soon" not in tried and time.monotonic() < deadline:
-            time.sleep(0.05)
+        _wait_tried(tried, "soon")
         assert "soon" in tried and "later" not in tried, tried
         assert tried["soon"] >= soon.lost_at + 0.5
     finally:
         watcher.remove(soon)  # type: ignore[arg-type]
         watcher.remove(later)  # type: ignore[arg-type]
+
+
+def test_an_attachment_closed_while_the_watcher_takes_it_up_ends_no_other_lease() -> None:
+    """The race CI met: an attachment closes (its socket with it) between the
+    watcher reading its socket's number and watching it. The watcher lets that
+    lease go and keeps following the others: a lease lost at the same time is
+    still tried (before, the watcher thread died of EBADF and the process's
+    every lease went with it, silently)."""
+    from types import SimpleNamespace
+
+    from wcached.client.lease import _Watcher
+
+    watcher = _Watcher()  # its own thread (and pipe) first: no fd opened after the close below
+    sock, peer = socket.socketpair()
+    closed_fd = sock.fileno()
+    sock.close()
+    peer.close()
+    # The socket's number as read just before the close: watching it now fails.
+    sock_read_before_the_close = SimpleNamespace(fileno=lambda: closed_fd)
+    closing = SimpleNamespace(
+        name="closing",
+        stopped=True,  # Attachment.close stops the watch before closing the socket
+        lost_at=None,
+        attachment=SimpleNamespace(connection=SimpleNamespace(sock=sock_read_before_the_close)),
+    )
+    tried: dict[str, float] = {}
+    due = _Due("due", 0.3, tried)
+    watcher.add(closing)  # type: ignore[arg-type]
+    watcher.add(due)  # type: ignore[arg-type]
+    try:
+        _wait_tried(tried, "due")
+        assert "due" in tried and watcher._thread.is_alive()
+    finally:
+        watcher.remove(closing)  # type: ignore[arg-type]
+        watcher.remove(due)  # type: ignore[arg-type]
+
+
+def test_a_failing_round_of_the_watcher_is_said_once_and_the_watch_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Whatever a round of the watcher trips over, the thread that follows
+    every lease of the process lives on: the failure is logged once with its
+    traceback, and the leases are followed after it."""
+    from wcached.client.lease import _Watcher
+
+    class Flaky:
+        """A lease whose state cannot be read, the first ``n`` times."""
+
+        name, stopped = "flaky", False
+
+        def __init__(self, n: int) -> None:
+            self.n = n
+
+        @property
+        def lost_at(self) -> float:
+            if self.n > 0:
+                self.n -= 1
+                raise RuntimeError("a bug in a round")
+            return time.monotonic()
+
+        retry_at = time.monotonic() + 3600  # lost, not due within the test
+
+    tried: dict[str, float] = {}
+    flaky, due = Flaky(3), _Due("due", 0.3, tried)
+    with caplog.at_level(logging.INFO, "wcached.client"):
+        watcher = _Watcher()
+        watcher.add(flaky)  # type: ignore[arg-type]
+        watcher.add(due)  # type: ignore[arg-type]
+        try:
+            _wait_tried(tried, "due")
+            assert "due" in tried and watcher._thread.is_alive() and flaky.n == 0
+        finally:
+            watcher.remove(flaky)  # type: ignore[arg-type]
+            watcher.remove(due)  # type: ignore[arg-type]
+    failed = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert [r.getMessage() for r in failed] == ["wcached: the lease watcher failed; going on"]
+    assert "a bug in a round" in str(failed[0].exc_info[1])
 
 
 def test_a_lease_taken_up_again_keeps_its_client_name_and_key(work: Path, ckpt: Path) -> None:

@@ -232,50 +232,82 @@ class _Watcher:
         # watch one numbered 1024 or above.
         sel = selectors.DefaultSelector()
         sel.register(self._wake_r, selectors.EVENT_READ)
+        failures = 0
         while True:
-            with self._lock:
-                leases = list(self._leases)
-            now = time.monotonic()
-            timeout: float | None = None
-            # By fd: the lease and the very socket (a re-attached lease's new
-            # socket may get the number its closed one had).
-            watched: dict[int, tuple[LeaseWatch, socket.socket]] = {}
-            for lease in leases:
-                if lease.lost_at is not None:
-                    wait = max(0.0, lease.retry_at - now)
-                    timeout = wait if timeout is None else min(timeout, wait)
-                    continue
-                sock = lease.attachment.connection.sock
-                if sock.fileno() >= 0:
-                    watched[sock.fileno()] = (lease, sock)
-            for key in list(sel.get_map().values()):
-                if key.fd == self._wake_r:
-                    continue
-                now_there = watched.get(key.fd)
-                if now_there is None or now_there[1] is not key.data[1]:
-                    sel.unregister(key.fd)  # (a closed fd's removal error is ignored)
-            for fd, data in watched.items():
-                if fd not in sel.get_map():
-                    sel.register(fd, selectors.EVENT_READ, data)
             try:
-                events = sel.select(timeout)
-            except OSError:
-                events = []
-                time.sleep(0.05)  # an fd closed under us: look again
-            for key, _ in events:
-                if key.fd == self._wake_r:
-                    try:
-                        while os.read(self._wake_r, 64):
-                            pass
-                    except BlockingIOError:
+                self._round(sel)
+                failures = 0
+            except Exception:
+                # This thread follows every lease of the process: a bug in one
+                # round must not end them all. Said once, not every round.
+                failures += 1
+                if failures == 1:
+                    log.exception("wcached: the lease watcher failed; going on")
+                time.sleep(min(1.0, 0.05 * failures))
+
+    def _round(self, sel: selectors.BaseSelector) -> None:
+        """Wait for a lease's connection to end or a lost lease to be due,
+        and act on it."""
+        with self._lock:
+            leases = list(self._leases)
+        now = time.monotonic()
+        timeout: float | None = None
+        # By fd: the lease and the very socket (a re-attached lease's new
+        # socket may get the number its closed one had).
+        watched: dict[int, tuple[LeaseWatch, socket.socket]] = {}
+        for lease in leases:
+            if lease.lost_at is not None:
+                wait = max(0.0, lease.retry_at - now)
+                timeout = wait if timeout is None else min(timeout, wait)
+                continue
+            sock = lease.attachment.connection.sock
+            if sock.fileno() >= 0:
+                watched[sock.fileno()] = (lease, sock)
+        for lease in self._follow(sel, watched):
+            self._guarded(lease, self._check_ended)
+        try:
+            events = sel.select(timeout)
+        except OSError:
+            events = []
+            time.sleep(0.05)  # an fd closed under us: look again
+        for key, _ in events:
+            if key.fd == self._wake_r:
+                try:
+                    while os.read(self._wake_r, 64):
                         pass
-                    continue
-                self._guarded(key.data[0], self._check_ended)
-            now = time.monotonic()
-            for lease in leases:
-                if lease.stopped or lease.lost_at is None or lease.retry_at > now:
-                    continue
-                self._guarded(lease, lambda lease, now=now: self._retry(lease, now))
+                except BlockingIOError:
+                    pass
+                continue
+            self._guarded(key.data[0], self._check_ended)
+        now = time.monotonic()
+        for lease in leases:
+            if lease.stopped or lease.lost_at is None or lease.retry_at > now:
+                continue
+            self._guarded(lease, lambda lease, now=now: self._retry(lease, now))
+
+    def _follow(
+        self, sel: selectors.BaseSelector, watched: dict[int, tuple[LeaseWatch, socket.socket]]
+    ) -> list[LeaseWatch]:
+        """Make ``sel`` watch exactly the sockets of ``watched``; return the
+        leases whose socket was closed before it could be watched."""
+        for key in list(sel.get_map().values()):
+            if key.fd == self._wake_r:
+                continue
+            now_there = watched.get(key.fd)
+            if now_there is None or now_there[1] is not key.data[1]:
+                sel.unregister(key.fd)  # (a closed fd's removal error is ignored)
+        gone: list[LeaseWatch] = []
+        for fd, data in watched.items():
+            if fd in sel.get_map():
+                continue
+            try:
+                sel.register(fd, selectors.EVENT_READ, data)
+            except OSError:
+                # Closed by another thread since its number was read: an
+                # attachment closing (its lease stopped already), or the
+                # connection lost; checking it says which.
+                gone.append(data[0])
+        return gone
 
     def _check_ended(self, lease: LeaseWatch) -> None:
         if lease.stopped:
