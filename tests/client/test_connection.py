@@ -86,6 +86,16 @@ def test_trusted_daemon_users_from_the_environment(monkeypatch) -> None:
     assert nobody not in trusted_daemon_uids()
 
 
+def test_a_daemon_user_entry_is_read_as_the_daemons_allowed_users_reads_it(monkeypatch) -> None:
+    """The client's list of daemon users takes an entry as the daemon's
+    ``allowed_users`` does (wcached.accounts): a name, or ASCII digits below
+    2**32 - 1; a non-ASCII digit is no id (before, "²" made every attach
+    raise ValueError and "٣" trusted uid 3), nor is an id past uid_t's."""
+    monkeypatch.setenv("WCACHED_DAEMON_USERS", "²,٣,4294967295,4294967296,4294967294,root")
+    assert trusted_daemon_uids() == {0, os.geteuid(), 4294967294}
+    assert trusted_daemon_uids(["a\x00b", "²"]) == {0, os.geteuid()}
+
+
 def test_the_socket_directory_comes_from_the_argument_the_config_in_effect_or_the_default(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

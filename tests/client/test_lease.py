@@ -624,47 +624,101 @@ def test_of_two_lost_leases_the_one_due_first_is_tried_first() -> None:
         watcher.remove(later)  # type: ignore[arg-type]
 
 
-def test_an_attachment_closed_while_the_watcher_takes_it_up_ends_no_other_lease() -> None:
+def _closed_fds(n: int) -> list[int]:
+    """``n`` fd numbers just closed (nothing opened after this reuses them
+    while the caller holds no other fd open meanwhile)."""
+    pairs = [socket.socketpair() for _ in range(n)]
+    fds = [a.fileno() for a, _ in pairs]
+    for a, b in pairs:
+        a.close()
+        b.close()
+    return fds
+
+
+def test_a_socket_closed_before_the_watcher_takes_it_up_ends_no_other_lease() -> None:
     """The race CI met: an attachment closes (its socket with it) between the
     watcher reading its socket's number and watching it. The watcher lets that
-    lease go and keeps following the others: a lease lost at the same time is
-    still tried (before, the watcher thread died of EBADF and the process's
-    every lease went with it, silently)."""
+    lease go, checks one whose connection was lost that way as ended (it is
+    taken up again), and keeps following the others: a lease lost at the same
+    time is still tried. (Before, the watcher thread died of EBADF and the
+    process's every lease went with it, silently.)"""
     from types import SimpleNamespace
 
     from wcached.client.lease import _Watcher
 
     watcher = _Watcher()  # its own thread (and pipe) first: no fd opened after the close below
-    sock, peer = socket.socketpair()
-    closed_fd = sock.fileno()
-    sock.close()
-    peer.close()
-    # The socket's number as read just before the close: watching it now fails.
-    sock_read_before_the_close = SimpleNamespace(fileno=lambda: closed_fd)
-    closing = SimpleNamespace(
-        name="closing",
-        stopped=True,  # Attachment.close stops the watch before closing the socket
-        lost_at=None,
-        attachment=SimpleNamespace(connection=SimpleNamespace(sock=sock_read_before_the_close)),
-    )
+
+    class Gone:
+        """A lease whose socket number was read just before the socket closed."""
+
+        lost_at = None
+
+        def __init__(self, name: str, fd: int, stopped: bool) -> None:
+            self.name, self.stopped, self.lost_calls = name, stopped, 0
+            sock = SimpleNamespace(fileno=lambda: fd)
+            self.attachment = SimpleNamespace(connection=SimpleNamespace(sock=sock))
+
+        def ended(self) -> bool:
+            return True  # what LeaseWatch.ended says of a closed socket
+
+        def lost(self, now: float) -> None:
+            self.lost_calls += 1
+            self.lost_at = now
+            self.retry_at = now + 3600
+
+    closing_fd, lost_fd = _closed_fds(2)
+    # Attachment.close stops the watch before it closes the socket.
+    closing, lost = Gone("closing", closing_fd, stopped=True), Gone("lost", lost_fd, stopped=False)
     tried: dict[str, float] = {}
     due = _Due("due", 0.3, tried)
-    watcher.add(closing)  # type: ignore[arg-type]
-    watcher.add(due)  # type: ignore[arg-type]
+    for lease in (closing, lost, due):
+        watcher.add(lease)  # type: ignore[arg-type]
     try:
         _wait_tried(tried, "due")
         assert "due" in tried and watcher._thread.is_alive()
+        assert lost.lost_calls == 1 and closing.lost_calls == 0
     finally:
-        watcher.remove(closing)  # type: ignore[arg-type]
-        watcher.remove(due)  # type: ignore[arg-type]
+        for lease in (closing, lost, due):
+            watcher.remove(lease)  # type: ignore[arg-type]
+
+
+def test_a_socket_that_takes_a_closed_ones_number_is_watched_for_its_own_lease() -> None:
+    """An engine closes one attachment and opens another that gets the very
+    fd number, before the watcher looks again: the new socket is watched (its
+    end is seen) and its event names its own lease, not the closed one's."""
+    import selectors
+
+    from wcached.client.lease import _Watcher
+
+    watcher = _Watcher()
+    sel = selectors.DefaultSelector()
+    old, old_peer = socket.socketpair()
+    fd = old.fileno()
+    assert watcher._follow(sel, {fd: ("old lease", old)}) == []  # type: ignore[dict-item]
+    old.close()
+    old_peer.close()
+    new, new_peer = socket.socketpair()
+    if new.fileno() != fd:  # give it the closed one's number, as the kernel would
+        os.dup2(new.fileno(), fd)
+        new.close()
+        new = socket.socket(fileno=fd)
+    try:
+        assert watcher._follow(sel, {fd: ("new lease", new)}) == []  # type: ignore[dict-item]
+        new_peer.close()  # the daemon ends the new lease
+        events = sel.select(5)
+        assert [key.data[0] for key, _ in events] == ["new lease"]
+    finally:
+        new.close()
+        sel.close()
 
 
 def test_a_failing_round_of_the_watcher_is_said_once_and_the_watch_goes_on(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Whatever a round of the watcher trips over, the thread that follows
-    every lease of the process lives on: the failure is logged once with its
-    traceback, and the leases are followed after it."""
+    every lease of the process lives on: the first failure of a run is logged
+    with its traceback (not the ones after it), and the leases are followed
+    after it."""
     from wcached.client.lease import _Watcher
 
     class Flaky:
@@ -673,13 +727,13 @@ def test_a_failing_round_of_the_watcher_is_said_once_and_the_watch_goes_on(
         name, stopped = "flaky", False
 
         def __init__(self, n: int) -> None:
-            self.n = n
+            self.n, self.reads = n, 0
 
         @property
         def lost_at(self) -> float:
-            if self.n > 0:
-                self.n -= 1
-                raise RuntimeError("a bug in a round")
+            self.reads += 1
+            if self.reads <= self.n:
+                raise RuntimeError(f"a bug in round {self.reads}")
             return time.monotonic()
 
         retry_at = time.monotonic() + 3600  # lost, not due within the test
@@ -692,13 +746,36 @@ def test_a_failing_round_of_the_watcher_is_said_once_and_the_watch_goes_on(
         watcher.add(due)  # type: ignore[arg-type]
         try:
             _wait_tried(tried, "due")
-            assert "due" in tried and watcher._thread.is_alive() and flaky.n == 0
+            assert "due" in tried and watcher._thread.is_alive() and flaky.reads > 3
         finally:
             watcher.remove(flaky)  # type: ignore[arg-type]
             watcher.remove(due)  # type: ignore[arg-type]
     failed = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert [r.getMessage() for r in failed] == ["wcached: the lease watcher failed; going on"]
-    assert "a bug in a round" in str(failed[0].exc_info[1])
+    assert str(failed[0].exc_info[1]) == "a bug in round 1"
+
+
+def test_a_watcher_whose_rounds_keep_failing_does_not_spin() -> None:
+    """A round that fails every time (a bug) is tried ever less often, not in a
+    loop that takes a core from the engine: a handful of rounds a second."""
+    from wcached.client.lease import _Watcher
+
+    class Broken:
+        name, stopped, rounds = "broken", False, 0
+
+        @property
+        def lost_at(self) -> float:
+            Broken.rounds += 1
+            raise RuntimeError("a bug in every round")
+
+    watcher, broken = _Watcher(), Broken()
+    watcher.add(broken)  # type: ignore[arg-type]
+    try:
+        time.sleep(1.5)
+        # 0.05 s more pause after each failure: 7 rounds in 1.5 s.
+        assert 2 <= Broken.rounds <= 12, Broken.rounds
+    finally:
+        watcher.remove(broken)  # type: ignore[arg-type]
 
 
 def test_a_lease_taken_up_again_keeps_its_client_name_and_key(work: Path, ckpt: Path) -> None:

@@ -56,6 +56,7 @@ SAFETY_MODULES: dict[str, str] = {
     "wcached/protocol/wire.py": "",
     "wcached/protocol/messages.py": "declarations only (msgspec structs): mutmut makes no mutant of them",
     "wcached/protocol/runs.py": "",
+    "wcached/accounts.py": "",
     "wcached/daemon/peers.py": "",
     "wcached/daemon/socket_dir.py": "",
     "wcached/daemon/lock.py": "",

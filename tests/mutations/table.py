@@ -1460,4 +1460,34 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/daemon/test_service.py::test_a_run_off_the_main_thread_is_refused_and_leaves_no_fd",),
         function="Service._install_signals",
     ),
+    Mutation(
+        "a socket closed before the watcher takes it up ends every lease's watch",
+        "wcached/client/lease.py",
+        "            except OSError:\n                # Closed by another thread",
+        "            except ValueError:\n                # Closed by another thread",
+        (
+            "tests/client/test_lease.py::test_a_socket_closed_before_the_watcher_takes_it_up_ends_no_other_lease",
+        ),
+        function="_Watcher._follow",
+    ),
+    Mutation(
+        "a failing round of the lease watcher ends the watcher",
+        "wcached/client/lease.py",
+        "            except Exception:\n                # This thread follows",
+        "            except ValueError:\n                # This thread follows",
+        (
+            "tests/client/test_lease.py::test_a_failing_round_of_the_watcher_is_said_once_and_the_watch_goes_on",
+        ),
+        function="_Watcher._run",
+    ),
+    Mutation(
+        "a client takes a non-ASCII digit in its daemon users for a uid",
+        "wcached/accounts.py",
+        "    if name.isascii() and name.isdigit():",
+        "    if name.isdigit():",
+        (
+            "tests/client/test_connection.py::test_a_daemon_user_entry_is_read_as_the_daemons_allowed_users_reads_it",
+        ),
+        function="_numeric",
+    ),
 )

@@ -298,8 +298,8 @@ def check_access_lists(r: Report, cfg) -> None:
     """Every user and group an instance's daemon would let attach, as it
     resolves them (a name, or a numeric id as it is), under the key that set
     it: [daemon]'s lists and each instance table's own."""
+    from wcached.accounts import group_id, user_id
     from wcached.config import access_lists
-    from wcached.daemon.peers import group_id, user_id
 
     said: set[str] = set()
     for table_name in ("", *cfg.instance):

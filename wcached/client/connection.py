@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import pwd
 import socket
 import struct
 import sys
@@ -13,6 +12,7 @@ from collections.abc import Sequence
 import msgspec
 
 from wcached import defaults
+from wcached.accounts import user_id
 from wcached.device import instance_id_for
 from wcached.errors import (
     Busy,
@@ -72,18 +72,13 @@ def always_trusted_uids() -> set[int]:
 
 def daemon_user_uids(users: Sequence[str] | None = None) -> set[int]:
     """The daemon users (``users``, else ``$WCACHED_DAEMON_USERS``
-    comma-separated, else ``wcache``); names that do not exist on this host
+    comma-separated, else ``wcache``), each a name or a numeric id as the
+    daemon's ``allowed_users`` takes it; names that do not exist on this host
     are left out."""
     if users is None:
         env = os.environ.get(DAEMON_USERS_ENV)
         users = [u.strip() for u in env.split(",") if u.strip()] if env else DEFAULT_DAEMON_USERS
-    uids: set[int] = set()
-    for name in users:
-        try:
-            uids.add(int(name) if name.isdigit() else pwd.getpwnam(name).pw_uid)
-        except KeyError:
-            pass
-    return uids
+    return {uid for uid in map(user_id, users) if uid is not None}
 
 
 def trusted_daemon_uids(users: Sequence[str] | None = None) -> set[int]:

@@ -239,7 +239,8 @@ class _Watcher:
                 failures = 0
             except Exception:
                 # This thread follows every lease of the process: a bug in one
-                # round must not end them all. Said once, not every round.
+                # round must not end them all. Said once for a run of failed
+                # rounds, which come ever less often (up to a second apart).
                 failures += 1
                 if failures == 1:
                     log.exception("wcached: the lease watcher failed; going on")
@@ -261,16 +262,14 @@ class _Watcher:
                 timeout = wait if timeout is None else min(timeout, wait)
                 continue
             sock = lease.attachment.connection.sock
-            if sock.fileno() >= 0:
-                watched[sock.fileno()] = (lease, sock)
+            fd = sock.fileno()  # once: the socket may be closed between two reads
+            if fd >= 0:
+                watched[fd] = (lease, sock)
         for lease in self._follow(sel, watched):
             self._guarded(lease, self._check_ended)
-        try:
-            events = sel.select(timeout)
-        except OSError:
-            events = []
-            time.sleep(0.05)  # an fd closed under us: look again
-        for key, _ in events:
+        # (epoll drops a closed fd by itself; a select() that fails anyway is
+        # a failed round, which _run says and goes on from.)
+        for key, _ in sel.select(timeout):
             if key.fd == self._wake_r:
                 try:
                     while os.read(self._wake_r, 64):

@@ -9,13 +9,12 @@ else is refused before the first frame, so no fd ever reaches them.
 from __future__ import annotations
 
 import array
-import grp
 import os
-import pwd
 import socket
 import struct
 from dataclasses import dataclass
 
+from wcached.accounts import group_id, user_id
 from wcached.config import AccessLists
 from wcached.errors import ConfigError
 
@@ -57,28 +56,6 @@ def _peer_groups(conn: socket.socket, pid: int) -> list[int]:
     except OSError:
         pass
     return []
-
-
-def user_id(name: str) -> int | None:
-    """The uid an ``allowed_users`` entry stands for: a user's name, or a
-    numeric id taken as it is (a user of a container, say); None if no user
-    has that name, nor any id past uid_t's (2**32 - 1 is no one: -1)."""
-    if name.isascii() and name.isdigit():  # str.isdigit() takes "²" and "٣" too
-        return int(name) if int(name) < 2**32 - 1 else None
-    try:
-        return pwd.getpwnam(name).pw_uid
-    except (KeyError, ValueError):  # ValueError: a NUL in the name
-        return None
-
-
-def group_id(name: str) -> int | None:
-    """The gid an ``allowed_groups`` entry stands for (as :func:`user_id`)."""
-    if name.isascii() and name.isdigit():
-        return int(name) if int(name) < 2**32 - 1 else None
-    try:
-        return grp.getgrnam(name).gr_gid
-    except (KeyError, ValueError):
-        return None
 
 
 @dataclass(frozen=True)
