@@ -462,3 +462,39 @@ def fds_opened_since(before: dict[int, str]) -> dict[int, str]:
     test collected as garbage, a thread winding down) is not a leak, so a
     test asks this, never whether the whole set is unchanged."""
     return {fd: what for fd, what in open_fds().items() if before.get(fd) != what}
+
+
+@contextlib.contextmanager
+def peer_as(uid: int, gid: int) -> Iterator[tuple[socket.socket, int]]:
+    """A connection accepted from a child process running as ``uid``/``gid``
+    (ids no user database need list), and the child's pid. Needs root; fails
+    rather than skips under CI=true, which runs as root."""
+    if os.getuid() != 0:
+        import pytest
+
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI runs as root")
+        pytest.skip("needs root to run a process as another uid")
+    # The abstract namespace: no file whose permissions the child must pass.
+    name = f"\0wcached-test-peer-{os.getpid()}-{time.monotonic_ns()}"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+        server.bind(name)
+        server.listen(1)
+        pid = os.fork()
+        if pid == 0:  # the child: connect as the other ids, hold until the parent closes
+            try:
+                os.setgroups([])
+                os.setgid(gid)
+                os.setuid(uid)
+                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as c:
+                    c.connect(name)
+                    c.recv(1)
+            finally:
+                os._exit(0)
+        try:
+            server.settimeout(10)
+            conn, _ = server.accept()
+            with conn:
+                yield conn, pid
+        finally:
+            os.waitpid(pid, 0)

@@ -8,7 +8,8 @@ import pwd
 
 import pytest
 
-from wcached.accounts import group_id, user_id
+from tests.helpers import peer_as
+from wcached.accounts import group_id, peer_ids, user_id
 
 
 def test_a_name_is_looked_up_in_the_hosts_database() -> None:
@@ -29,10 +30,20 @@ def test_a_numeric_id_is_taken_as_it_is_up_to_the_largest_a_kernel_gives() -> No
         assert lookup("4294967296") is None
 
 
-@pytest.mark.parametrize("entry", ["²", "٣", "a\x00b", "no-such-user-wcached", "", "-1", " 42"])
+@pytest.mark.parametrize(
+    "entry", ["²", "٣", "a\x00b", "no-such-user-wcached", "", "-1", " 42", "+42", "4" * 5000, "00000000042"]
+)
 def test_what_names_no_user_or_group_is_none(entry: str) -> None:
     """Digits that are not ASCII (str.isdigit() takes them; int() raises on
     "²" and reads "٣" as 3), a NUL (getpwnam raises ValueError), a name the
-    database lacks, a sign or a space: no id, never an exception."""
+    database lacks, a sign or a space, more digits than any id has (int()
+    raises past 4,300 of them): no id, never an exception."""
     assert user_id(entry) is None
     assert group_id(entry) is None
+
+
+def test_a_peers_ids_past_two_to_the_31_are_read_as_the_kernel_has_them() -> None:
+    """uid_t and gid_t are unsigned: a container's uid 3,000,000,000 is that,
+    not a negative number no allowed list can name."""
+    with peer_as(3_000_000_000, 3_000_000_001) as (conn, pid):
+        assert peer_ids(conn) == (pid, 3_000_000_000, 3_000_000_001)

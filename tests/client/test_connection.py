@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import fill_backlog, require_other_users, run_as
-from wcached.client.connection import DaemonConnection, trusted_daemon_uids
+from tests.helpers import fill_backlog, peer_as, require_other_users, run_as
+from wcached.client.connection import DaemonConnection, check_daemon_peer, trusted_daemon_uids
 from wcached.errors import PermissionRefused
 from wcached.protocol.messages import PROTOCOL_VERSION
 
@@ -94,6 +94,15 @@ def test_a_daemon_user_entry_is_read_as_the_daemons_allowed_users_reads_it(monke
     monkeypatch.setenv("WCACHED_DAEMON_USERS", "²,٣,4294967295,4294967296,4294967294,root")
     assert trusted_daemon_uids() == {0, os.geteuid(), 4294967294}
     assert trusted_daemon_uids(["a\x00b", "²"]) == {0, os.geteuid()}
+
+
+def test_a_daemon_user_with_a_uid_past_two_to_the_31_is_trusted_by_its_number() -> None:
+    """A daemon running as uid 3,000,000,000 (a container's) is trusted when
+    the list names that number, and refused when it does not."""
+    with peer_as(3_000_000_000, 3_000_000_000) as (conn, pid):
+        assert check_daemon_peer(conn, "/run/wcache/cpu0.sock", ["3000000000"]) == pid
+        with pytest.raises(PermissionRefused, match="served by uid 3000000000"):
+            check_daemon_peer(conn, "/run/wcache/cpu0.sock", ["wcache"])
 
 
 def test_the_socket_directory_comes_from_the_argument_the_config_in_effect_or_the_default(

@@ -147,3 +147,16 @@ def test_an_entry_no_id_can_stand_for_is_a_config_error_naming_its_key(entry: st
 def test_the_largest_id_a_kernel_gives_is_taken() -> None:
     policy = AccessPolicy.from_lists(AccessLists(("4294967294",), ("4294967294",)), "x.toml")
     assert policy.uids == {4294967294} and policy.gids == {4294967294}
+
+
+def test_a_peer_with_a_uid_past_two_to_the_31_is_allowed_by_its_number() -> None:
+    """A client running as uid 3,000,000,000 (a container's) attaches when
+    allowed_users names that number: the daemon reads the id unsigned."""
+    from tests.helpers import peer_as
+
+    with peer_as(3_000_000_000, 3_000_000_001) as (conn, pid):
+        peer = peers.PeerCredentials.of(conn)
+    assert (peer.pid, peer.uid, peer.gid) == (pid, 3_000_000_000, 3_000_000_001)
+    policy = AccessPolicy.from_lists(AccessLists(("3000000000",), ()), "x.toml")
+    assert policy.allows(peer) and not policy.may_administer(peer)
+    assert AccessPolicy.from_lists(AccessLists((), ("3000000001",)), "x.toml").allows(peer)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import socket
-import struct
 import sys
 import time
 from collections.abc import Sequence
@@ -12,7 +11,7 @@ from collections.abc import Sequence
 import msgspec
 
 from wcached import defaults
-from wcached.accounts import user_id
+from wcached.accounts import peer_ids, user_id
 from wcached.device import instance_id_for
 from wcached.errors import (
     Busy,
@@ -90,8 +89,7 @@ def check_daemon_peer(sock: socket.socket, path: str, users: Sequence[str] | Non
     """Refuse a socket served by a user this client does not trust (a squatter
     on the socket path): nothing it sends, fds least of all, is used. Returns
     the daemon's pid."""
-    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    pid, uid, _ = struct.unpack("3i", raw)
+    pid, uid, _ = peer_ids(sock)
     # Root and this user are trusted whatever the list: no user database
     # lookup (NSS can take milliseconds) on an engine's attach path.
     if uid not in always_trusted_uids() and uid not in daemon_user_uids(users):

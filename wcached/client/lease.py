@@ -206,6 +206,11 @@ class _Watcher:
         self._lock = threading.Lock()
         self._leases: list[LeaseWatch] = []
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        # epoll, not select(): an engine holds many fds, and select() cannot
+        # watch one numbered 1024 or above. Registered and unregistered under
+        # _lock only (select() itself runs without it).
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(self._wake_r, selectors.EVENT_READ)
         self._thread = threading.Thread(target=self._run, name="wcached-leases", daemon=True)
         self._thread.start()
 
@@ -215,10 +220,19 @@ class _Watcher:
         self._wake()
 
     def remove(self, lease: LeaseWatch) -> None:
+        """Stop following ``lease``; its socket is no longer watched when this
+        returns. Attachment.close calls it before it closes the socket: epoll
+        forgets a socket only when told to while its fd is open (or once no
+        process holds it: a forked child may), and a socket it kept watching
+        past its close would wake the watcher in a loop once the daemon ends
+        the connection."""
         with self._lock:
             if lease in self._leases:
                 self._leases.remove(lease)
             lease.watching = False
+            for key in list(self._sel.get_map().values()):
+                if key.fd != self._wake_r and key.data[0] is lease:
+                    self._sel.unregister(key.fd)
         self._wake()
 
     def _wake(self) -> None:
@@ -228,14 +242,10 @@ class _Watcher:
             pass  # a wake-up is pending already
 
     def _run(self) -> None:
-        # epoll, not select(): an engine holds many fds, and select() cannot
-        # watch one numbered 1024 or above.
-        sel = selectors.DefaultSelector()
-        sel.register(self._wake_r, selectors.EVENT_READ)
         failures = 0
         while True:
             try:
-                self._round(sel)
+                self._round()
                 failures = 0
             except Exception:
                 # This thread follows every lease of the process: a bug in one
@@ -246,30 +256,32 @@ class _Watcher:
                     log.exception("wcached: the lease watcher failed; going on")
                 time.sleep(min(1.0, 0.05 * failures))
 
-    def _round(self, sel: selectors.BaseSelector) -> None:
+    def _round(self) -> None:
         """Wait for a lease's connection to end or a lost lease to be due,
         and act on it."""
-        with self._lock:
-            leases = list(self._leases)
-        now = time.monotonic()
-        timeout: float | None = None
         # By fd: the lease and the very socket (a re-attached lease's new
         # socket may get the number its closed one had).
         watched: dict[int, tuple[LeaseWatch, socket.socket]] = {}
-        for lease in leases:
-            if lease.lost_at is not None:
-                wait = max(0.0, lease.retry_at - now)
-                timeout = wait if timeout is None else min(timeout, wait)
-                continue
-            sock = lease.attachment.connection.sock
-            fd = sock.fileno()  # once: the socket may be closed between two reads
-            if fd >= 0:
-                watched[fd] = (lease, sock)
-        for lease in self._follow(sel, watched):
+        # Under the lock: a lease stopped after this is unregistered by
+        # remove() (before its socket closes), one stopped before is not here.
+        with self._lock:
+            leases = list(self._leases)
+            for lease in leases:
+                if lease.lost_at is None:
+                    sock = lease.attachment.connection.sock
+                    fd = sock.fileno()  # once: -1 for a closed socket
+                    if fd >= 0:
+                        watched[fd] = (lease, sock)
+            gone = self._follow(self._sel, watched)
+        for lease in gone:
             self._guarded(lease, self._check_ended)
-        # (epoll drops a closed fd by itself; a select() that fails anyway is
-        # a failed round, which _run says and goes on from.)
-        for key, _ in sel.select(timeout):
+        # Until the earliest lost lease is due (those just found gone too).
+        now = time.monotonic()
+        due = [max(0.0, lease.retry_at - now) for lease in leases if lease.lost_at is not None]
+        timeout = min(due) if due else None
+        # (A select() that fails is a failed round, which _run says and goes
+        # on from.)
+        for key, _ in self._sel.select(timeout):
             if key.fd == self._wake_r:
                 try:
                     while os.read(self._wake_r, 64):
@@ -302,9 +314,8 @@ class _Watcher:
             try:
                 sel.register(fd, selectors.EVENT_READ, data)
             except OSError:
-                # Closed by another thread since its number was read: an
-                # attachment closing (its lease stopped already), or the
-                # connection lost; checking it says which.
+                # EBADF: closed without remove() first (nothing in wcached
+                # does); checked as a socket that reads as ended would be.
                 gone.append(data[0])
         return gone
 
@@ -312,7 +323,7 @@ class _Watcher:
         if lease.stopped:
             return
         ended = lease.ended()
-        if ended:
+        if ended and not lease.stopped:  # (stopped meanwhile: closed by its engine)
             lease.lost(time.monotonic())
         elif ended is None:
             self.remove(lease)

@@ -11,10 +11,9 @@ from __future__ import annotations
 import array
 import os
 import socket
-import struct
 from dataclasses import dataclass
 
-from wcached.accounts import group_id, user_id
+from wcached.accounts import group_id, peer_ids, user_id
 from wcached.config import AccessLists
 from wcached.errors import ConfigError
 
@@ -31,8 +30,7 @@ class PeerCredentials:
 
     @classmethod
     def of(cls, conn: socket.socket) -> PeerCredentials:
-        raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-        pid, uid, gid = struct.unpack("3i", raw)
+        pid, uid, gid = peer_ids(conn)
         return cls(pid, uid, gid, frozenset(_peer_groups(conn, pid)))
 
 
