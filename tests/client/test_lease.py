@@ -824,6 +824,34 @@ def test_a_failing_round_of_the_watcher_is_said_once_and_the_watch_goes_on(
     assert str(failed[0].exc_info[1]) == "a bug in round 1"
 
 
+def test_a_watcher_whose_very_first_round_fails_says_so_and_goes_on(caplog: pytest.LogCaptureFixture) -> None:
+    """Even the first round of a watcher's thread (before any round went
+    well) is said when it fails, and followed by the next."""
+    from wcached.client.lease import _Watcher
+
+    class FirstRoundFails(_Watcher):
+        rounds = 0
+
+        def _round(self) -> None:
+            FirstRoundFails.rounds += 1
+            if FirstRoundFails.rounds == 1:
+                raise RuntimeError("the first round")
+            super()._round()
+
+    tried: dict[str, float] = {}
+    due = _Due("due", 0.3, tried)
+    with caplog.at_level(logging.INFO, "wcached.client"):
+        watcher = FirstRoundFails()
+        watcher.add(due)  # type: ignore[arg-type]
+        try:
+            _wait_tried(tried, "due")
+            assert "due" in tried and watcher._thread.is_alive()
+        finally:
+            watcher.remove(due)  # type: ignore[arg-type]
+    failed = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert [str(r.exc_info[1]) for r in failed if r.exc_info] == ["the first round"]
+
+
 def test_a_watcher_whose_rounds_keep_failing_does_not_spin() -> None:
     """A round that fails every time (a bug) is tried ever less often, not in a
     loop that takes a core from the engine: a handful of rounds a second."""

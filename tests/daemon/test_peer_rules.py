@@ -83,6 +83,21 @@ def test_without_so_peergroups_the_groups_come_from_proc(other_groups_process: i
     assert sorted(got) == [4242, 4343]
 
 
+def test_without_so_peergroups_a_peers_groups_are_those_of_its_own_pid(other_groups_process: int) -> None:
+    """The fallback reads the groups of the pid SO_PEERCRED names (the
+    peer's), not of some other process."""
+    import struct
+
+    class OldKernelSocket(_GroupsSocket):
+        def getsockopt(self, level: int, option: int, size: int) -> bytes:
+            if option == socket.SO_PEERCRED:
+                return struct.pack("iII", other_groups_process, 1234, 1234)
+            return super().getsockopt(level, option, size)
+
+    peer = PeerCredentials.of(OldKernelSocket([], error=errno.ENOPROTOOPT))  # type: ignore[arg-type]
+    assert (peer.pid, peer.uid, peer.groups) == (other_groups_process, 1234, frozenset({4242, 4343}))
+
+
 def test_a_peer_gone_from_proc_has_no_groups() -> None:
     dead = subprocess.Popen(["true"])
     dead.wait()

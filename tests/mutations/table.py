@@ -391,10 +391,10 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "the lease watcher uses select()",
         "wcached/client/lease.py",
-        "        sel = selectors.DefaultSelector()",
-        "        sel = selectors.SelectSelector()",
+        "        self._sel = selectors.DefaultSelector()",
+        "        self._sel = selectors.SelectSelector()",
         ("tests/client/test_lease.py::test_a_lease_on_a_socket_numbered_over_1024_is_followed",),
-        function="_Watcher._run",
+        function="_Watcher.__init__",
     ),
     Mutation(
         "a dropped watchdog ping is not sent again until the next interval",
@@ -1463,10 +1463,11 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "a socket closed before the watcher takes it up ends every lease's watch",
         "wcached/client/lease.py",
-        "            except OSError:\n                # Closed by another thread",
-        "            except ValueError:\n                # Closed by another thread",
+        "            except OSError:\n                # EBADF",
+        "            except ValueError:\n                # EBADF",
         (
-            "tests/client/test_lease.py::test_a_socket_closed_before_the_watcher_takes_it_up_ends_no_other_lease",
+            "tests/client/test_lease.py::"
+            "test_a_lease_whose_socket_closed_unseen_is_taken_up_again_and_ends_no_other_lease",
         ),
         function="_Watcher._follow",
     ),
@@ -1483,11 +1484,40 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "a client takes a non-ASCII digit in its daemon users for a uid",
         "wcached/accounts.py",
-        "    if name.isascii() and name.isdigit():",
-        "    if name.isdigit():",
+        "    if name.isascii() and name.isdigit() and len(name) <= _ID_DIGITS:",
+        "    if name.isdigit() and len(name) <= _ID_DIGITS:",
         (
             "tests/client/test_connection.py::test_a_daemon_user_entry_is_read_as_the_daemons_allowed_users_reads_it",
         ),
         function="_numeric",
+    ),
+    Mutation(
+        "a stopped lease's socket stays in epoll until the watcher's next round",
+        "wcached/client/lease.py",
+        "and key.data[0] is lease:\n                    self._sel.unregister(key.fd)",
+        "and key.data[0] is lease:\n                    pass",
+        (
+            "tests/client/test_lease.py::"
+            "test_a_closed_attachment_whose_socket_a_forked_child_holds_does_not_spin_the_watcher",
+        ),
+        function="_Watcher.remove",
+    ),
+    Mutation(
+        "a lease stopped while its end is read is taken up again",
+        "wcached/client/lease.py",
+        "        if ended and not lease.stopped:",
+        "        if ended:",
+        ("tests/client/test_lease.py::test_a_lease_stopped_while_its_end_is_read_is_not_taken_up_again",),
+        function="_Watcher._check_ended",
+    ),
+    Mutation(
+        "a peer's uid past 2**31 is read negative",
+        "wcached/accounts.py",
+        '_UCRED = struct.Struct("iII")',
+        '_UCRED = struct.Struct("3i")',
+        (
+            "tests/test_accounts.py::test_a_peers_ids_past_two_to_the_31_are_read_as_the_kernel_has_them",
+            "tests/client/test_connection.py::test_a_daemon_user_with_a_uid_past_two_to_the_31_is_trusted_by_its_number",
+        ),
     ),
 )
