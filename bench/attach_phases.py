@@ -6,14 +6,17 @@ through, with perf_counter, in a fresh client process per round:
 
   socket: finding the socket directory and the instance's socket path (a GPU
           index resolves through NVML);
-  connect: connect, peer check, hello -> welcome;
-  request: attach request -> reply with the manifest (the daemon's work);
+  connect: connect, peer check, hello -> welcome (a client that pipelines
+           its attach request sends it in the hello's write);
+  request: waiting for the attached reply and decoding its manifest (the
+           daemon's work);
   fds: receiving the segments' fds;
   map: the backend's import and mapping of the segments;
   close: closing the received fds (the memory is held by then);
   views: one tensor view per manifest entry;
   backend: the memory backend's set-up for the segments' device;
-  lease: starting the lease's watcher;
+  lease: the lease's watch (with the watcher thread's start where that is
+         not done inside connect);
   other: the rest of attach() (total less the phases above);
   touch: reading the last tensor's first element (first use of the mapping).
 
@@ -68,10 +71,22 @@ def timed(name, fn):
 
 A.find_socket_dir = timed("socket", A.find_socket_dir)
 A.socket_path = timed("socket", A.socket_path)
-A.DaemonConnection = timed("connect", A.DaemonConnection)
 from wcached.client.connection import DaemonConnection
 from wcached.protocol.wire import Channel
-DaemonConnection.request = timed("request", DaemonConnection.request)
+# connect: hello -> welcome (with a pipelined attach request sent in it where
+# the tree does that); request: waiting for and decoding the attached reply.
+connecting = [False]
+_connect, _receive = DaemonConnection._connect, DaemonConnection.receive
+def connect_timed(self, *a, **k):
+    connecting[0] = True
+    try:
+        return timed("connect", _connect)(self, *a, **k)
+    finally:
+        connecting[0] = False
+def receive_timed(self):
+    return _receive(self) if connecting[0] else timed("request", _receive)(self)
+DaemonConnection._connect = connect_timed
+DaemonConnection.receive = receive_timed
 Channel.recv_fds = timed("fds", Channel.recv_fds)
 def backend_timed(kind, device):
     t0 = time.perf_counter()
@@ -81,7 +96,9 @@ def backend_timed(kind, device):
     return b
 A.get_backend = backend_timed
 A.build_views = timed("views", A.build_views)
-A.LeaseWatch = timed("lease", A.LeaseWatch)
+# lease: the lease's watch (and the watcher thread's start, in a tree that
+# does not start it inside connect while the daemon answers).
+A.LeaseWatch.__init__ = timed("lease", A.LeaseWatch.__init__)
 A.close_fds = timed("close", A.close_fds)
 
 if collect:  # an engine's heap has settled long before it attaches

@@ -103,3 +103,30 @@ def test_the_isolated_resolver_keeps_not_ready_apart_from_absent(monkeypatch) ->
     with pytest.raises(DeviceError, match="no GPU with index 3") as e:
         device._resolve_gpu_isolated("3")
     assert type(e.value) is DeviceError and e.value.exit_status == 78
+
+
+def test_a_uuid_spelled_as_nvml_does_is_its_own_id_without_nvml(monkeypatch) -> None:
+    """A client names a GPU by its UUID (the vLLM plugin does): that is the
+    daemon's socket name already, so no NVML start-up is on the attach path.
+    Any other spelling of a GPU still goes through NVML."""
+    import sys
+    import types
+
+    from wcached import device
+
+    class NVMLError(Exception):
+        pass
+
+    def never(*a: object) -> None:
+        raise NVMLError("NVML was asked")
+
+    monkeypatch.setitem(sys.modules, "pynvml", types.SimpleNamespace(NVMLError=NVMLError, nvmlInit=never))
+    device.instance_id_for.cache_clear()
+    gpu = "GPU-8d3c0a1b-2c3d-4e5f-8a9b-0c1d2e3f4a5b"
+    mig = "MIG-1f2e3d4c-5b6a-4978-8a9b-0c1d2e3f4a5b"
+    assert device.instance_id_for(gpu) == gpu
+    assert device.instance_id_for(mig) == mig
+    for other in (gpu.upper(), "GPU-8d3c0a1b", gpu + "0", "0"):
+        with pytest.raises(DeviceError, match="NVML could not start"):
+            device.instance_id_for(other)
+    device.instance_id_for.cache_clear()

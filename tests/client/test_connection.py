@@ -350,3 +350,47 @@ def test_a_client_at_max_clients_waits_for_a_slot_until_its_timeout(work: Path, 
             waited = time.monotonic() - started
             assert second.status().state == "serving"
         assert 0.9 <= waited < 2.5, waited
+
+
+def test_an_attach_request_goes_with_the_hello_in_one_write(tmp_path: Path) -> None:
+    """attach() does not wait for the welcome before asking: the daemon finds
+    the attach request queued behind the hello before it answers (one round
+    trip through the daemon instead of two), and its reply to it is read as
+    the attach's (here a mismatch: the connection is closed, nothing kept)."""
+    import socket
+    import threading
+
+    from wcached.errors import KeyMismatch
+    from wcached.protocol.messages import Attach, Hello, Mismatch, Request
+    from wcached.protocol.wire import Channel
+
+    path = str(tmp_path / "d.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(1)
+    seen: dict = {}
+
+    def serve() -> None:
+        with server:
+            conn, _ = server.accept()
+            with conn:
+                chan = Channel(conn, Request)
+                seen["hello"] = chan.recv(65536, idle_timeout=5, frame_timeout=5)
+                try:  # before any answer: is the request already here?
+                    seen["queued"] = bool(conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+                except BlockingIOError:
+                    seen["queued"] = False
+                seen["request"] = chan.recv(65536, idle_timeout=5, frame_timeout=5)
+                chan.send(_welcome())
+                chan.send(Mismatch(model="m", fields=["dtype"], message="dtype: bfloat16 != float16"))
+                conn.settimeout(5)
+                seen["after"] = conn.recv(1)
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    with pytest.raises(KeyMismatch, match="dtype"):
+        DaemonConnection.attaching(path, "m", {"dtype": "float16"}, timeout=5)
+    t.join(10)
+    assert isinstance(seen["hello"], Hello) and seen["queued"] is True
+    assert seen["request"] == Attach(model="m", expect={"dtype": "float16"})
+    assert seen["after"] == b""  # the client hung up: nothing held after a failed attach

@@ -915,3 +915,30 @@ def test_a_daemon_back_with_another_key_than_the_engine_required_is_not_taken_up
         a.close()
         d.stop()
         d.notify.close()
+
+
+def test_the_watcher_thread_is_started_by_an_attach_that_keeps_a_lease_only(work: Path, ckpt: Path) -> None:
+    """The watcher starts while the daemon answers an attach with a lease
+    (off the attach's timed path); an attach without one starts no thread."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, threading\n"
+        "from wcached.client import attach\n"
+        "names = lambda: sorted(t.name for t in threading.enumerate() if t.name.startswith('wcached'))\n"
+        "a = attach('default', 'cpu0', socket_dir=sys.argv[1], keep_lease=False)\n"
+        "print(names(), a.watch)\n"
+        "b = attach('default', 'cpu0', socket_dir=sys.argv[1])\n"
+        "print(names(), b.watch.watching)\n"
+    )
+    d = _up(one_model_config(work, ckpt))
+    try:
+        r = subprocess.run(
+            [sys.executable, "-c", script, d.socket_dir], capture_output=True, text=True, timeout=60
+        )
+    finally:
+        d.stop()
+        d.notify.close()
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["[] None", "['wcached-leases'] True"], r.stdout

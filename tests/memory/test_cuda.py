@@ -50,12 +50,21 @@ def test_bit_exact_against_load_file_on_cuda(gpu_config: Path, sharded_ckpt: Pat
 
 
 def test_socket_named_by_gpu_uuid(gpu_config: Path) -> None:
-    from wcached.device import resolve_instance
+    import torch
+
+    from wcached.client import attach
+    from wcached.device import instance_id_for, resolve_instance
 
     dev = resolve_instance("0")
+    # The vLLM plugin names its GPU by torch's UUID; the client takes it as
+    # the socket's name without NVML, so it must be spelled as NVML does.
+    by_torch = "GPU-" + str(torch.cuda.get_device_properties(dev.index).uuid)
+    assert instance_id_for(by_torch) == by_torch == dev.instance_id
     with run_daemon(gpu_config, "0") as d:
         sock = os.path.join(d.socket_dir, f"{dev.instance_id}.sock")
         assert os.path.exists(sock)
+        with attach("default", by_torch, socket_dir=d.socket_dir, keep_lease=False) as a:
+            assert a.manifest.segments[0].device == dev.instance_id
 
 
 WRITER = textwrap.dedent(

@@ -96,10 +96,18 @@ def attach(
     restored daemon (:mod:`wcached.client.lease`).
     """
     path = socket_path(instance, find_socket_dir(socket_dir, config))
-    conn = DaemonConnection(path, timeout=timeout, client=client)
+    with _gc_paused():
+        conn, manifest, fds = DaemonConnection.attaching(
+            path,
+            model,
+            expect,
+            timeout=timeout,
+            client=client,
+            # The process's lease watcher thread (made on its first attach)
+            # starts while the daemon answers, not after.
+            meanwhile=LeaseWatch.prepare if keep_lease else None,
+        )
     try:
-        with _gc_paused():
-            manifest, fds = conn.attach(model, expect)
         try:
             backends = {s.backend for s in manifest.segments}
             if len(backends) != 1:

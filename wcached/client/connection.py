@@ -6,7 +6,7 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import msgspec
 
@@ -109,7 +109,13 @@ class DaemonConnection:
         timeout: float = 10.0,
         client: str | None = None,
         daemon_users: Sequence[str] | None = None,
+        first: Attach | None = None,
+        meanwhile: Callable[[], object] | None = None,
     ):
+        """``first``: a request sent with the hello, in one write (the daemon
+        reads it once it has answered the hello); its reply is the next one
+        :meth:`receive` reads. ``meanwhile``: called once the hello is sent,
+        while the daemon answers. Use :meth:`attaching` rather than these."""
         self.path = path
         self.timeout = timeout
         # A daemon at max_clients answers busy; slots free up as others
@@ -121,7 +127,7 @@ class DaemonConnection:
         mismatch: VersionMismatch | None = None
         while True:
             try:
-                self._connect(path, timeout, client, daemon_users, version)
+                self._connect(path, timeout, client, daemon_users, version, first, meanwhile)
                 return
             except Busy:
                 if time.monotonic() + delay >= deadline:
@@ -144,6 +150,8 @@ class DaemonConnection:
         client: str | None,
         daemon_users: Sequence[str] | None,
         version: int = PROTOCOL_VERSION,
+        first: Attach | None = None,
+        meanwhile: Callable[[], object] | None = None,
     ) -> None:
         self.sock: socket.socket = connect(path, timeout)
         try:
@@ -156,11 +164,13 @@ class DaemonConnection:
             name = client or f"{os.path.basename(sys.argv[0] or 'python')}[{os.getpid()}]"
             try:
                 hello = Hello(version=version, min_version=MIN_PROTOCOL_VERSION, client=name)
-                self.chan.send(hello, timeout=timeout)
+                self.chan.send(hello, timeout=timeout, then=first)
             except (BrokenPipeError, ConnectionResetError):
                 # A daemon that refuses a peer replies and closes at once,
                 # maybe before our hello; its reason is still queued for us.
                 pass
+            if meanwhile is not None:
+                meanwhile()
             welcome = self.receive()
             if not isinstance(welcome, Welcome):
                 raise ProtocolError(f"expected welcome, got {type(welcome).__name__}")
@@ -196,14 +206,42 @@ class DaemonConnection:
             raise ProtocolError(f"expected status_reply, got {type(reply).__name__}")
         return reply
 
+    @classmethod
+    def attaching(
+        cls,
+        path: str,
+        model: str,
+        expect: dict[str, str | int] | None = None,
+        timeout: float = 10.0,
+        client: str | None = None,
+        meanwhile: Callable[[], object] | None = None,
+    ) -> tuple[DaemonConnection, Manifest, list[int]]:
+        """Connect and attach in one round trip: the attach request goes in
+        the hello's write, so an engine does not wait for the welcome before
+        asking (a round trip through the daemon's threads, 0.3-0.5 ms);
+        ``meanwhile`` is done while the daemon answers. The connection (the
+        lease), the manifest and the fds as :meth:`attach` gives them; the
+        connection is closed if the attach fails."""
+        first = Attach(model=model, expect=dict(expect or {}))
+        conn = cls(path, timeout=timeout, client=client, first=first, meanwhile=meanwhile)
+        try:
+            manifest, fds = conn._attached(conn.receive())
+        except BaseException:
+            conn.close()
+            raise
+        return conn, manifest, fds
+
     def attach(self, model: str, expect: dict[str, str | int] | None = None) -> tuple[Manifest, list[int]]:
         """Ask for ``model``'s memory: its manifest and one fd per segment,
         the caller's to close. A cache key that differs from ``expect``
         raises :class:`KeyMismatch` naming the fields; any other reply, or
         fds that are not one per segment, is a protocol error (with every fd
         received closed). Every client that attaches (an engine, its lease,
-        ``wcached verify``) asks through here."""
-        reply = self.request(Attach(model=model, expect=dict(expect or {})))
+        ``wcached verify``) asks through here or :meth:`attaching`."""
+        return self._attached(self.request(Attach(model=model, expect=dict(expect or {}))))
+
+    def _attached(self, reply: object) -> tuple[Manifest, list[int]]:
+        """The manifest and fds of an attach request's reply."""
         if isinstance(reply, Mismatch):
             raise KeyMismatch(reply.message, reply.fields)
         if not isinstance(reply, Attached):

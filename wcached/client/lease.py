@@ -79,6 +79,13 @@ class LeaseWatch:
         self.watching = True
         _Watcher.get().add(self)
 
+    @staticmethod
+    def prepare() -> None:
+        """Start the process's watcher thread now if it is not running (an
+        attach calls this before it waits on the daemon, so the thread's
+        start-up overlaps that wait)."""
+        _Watcher.get()
+
     @property
     def name(self) -> str:
         return self.attachment.manifest.model
@@ -130,9 +137,10 @@ class LeaseWatch:
             # Short: one daemon slow to come back must not hold up the
             # process's other leases, which this same thread follows.
             timeout = min(self.attachment.connection.timeout, REATTACH_TIMEOUT_S)
-            conn = DaemonConnection(path, timeout=timeout, client=self.client)
             try:
-                manifest, fds = conn.attach(name, self.expect)
+                conn, manifest, fds = DaemonConnection.attaching(
+                    path, name, self.expect, timeout=timeout, client=self.client
+                )
                 close_fds(fds)  # the memory mapped at the first attach is what the lease keeps
                 same = manifest == self.attachment.manifest
             except KeyMismatch:
@@ -148,7 +156,8 @@ class LeaseWatch:
             )
             return True
         if not same:
-            conn.close()
+            if conn is not None:  # (attaching() closed it on a mismatch)
+                conn.close()
             log.warning(
                 "wcached: the daemon at %s now holds another fill of %s; this process keeps its "
                 "weights without a lease (attach again to use the new fill)",

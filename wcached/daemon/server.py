@@ -39,7 +39,6 @@ from wcached.protocol.messages import (
     MIN_PROTOCOL_VERSION,
     PROTOCOL_VERSION,
     Attach,
-    Attached,
     ClientStatus,
     ErrorReply,
     Hello,
@@ -372,7 +371,7 @@ class Server:
                 session.models.add(req.model)
             try:
                 chan.send(
-                    Attached(manifest=held.manifest_for(session.version), fd_count=len(fds)),
+                    held.attached_reply(session.version),
                     timeout=timeout,
                     fds=fds,
                 )
