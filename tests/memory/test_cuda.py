@@ -235,3 +235,46 @@ def test_runs_of_small_and_chunk_sized_tensors_fill_bit_exact(work: Path) -> Non
             got = as_bytes(a.tensors[name]).cpu()
             assert torch.equal(got, as_bytes(t)), name
             assert digests[name] == tensor_digest.torch_digest(as_bytes(t).reshape(-1)), name
+
+
+def test_staging_buffers_come_from_one_pinned_region_per_announced_fill() -> None:
+    import ctypes
+    import threading
+
+    from wcached.device import resolve_instance
+    from wcached.memory.cuda import STAGING_BUFFERS, STAGING_CHUNK, CudaBackend, check
+
+    backend = CudaBackend(resolve_instance("0").instance_id)
+    backend.prepare_fill()
+    backend.prepare_staging(2)
+    stagings = []
+
+    def take() -> None:
+        stagings.append(backend.staging())
+
+    for _ in range(3):  # one past the two announced
+        th = threading.Thread(target=take)
+        th.start()
+        th.join()
+    regions = list(backend._regions)
+    assert [r.nbytes for r in regions] == [
+        2 * STAGING_BUFFERS * STAGING_CHUNK,
+        STAGING_BUFFERS * STAGING_CHUNK,
+    ]
+    ptrs = [ptr for st in stagings for ptr, _, _ in st.buffers]
+    assert len(set(ptrs)) == 3 * STAGING_BUFFERS
+    first = ptrs[: 2 * STAGING_BUFFERS]  # the two announced threads
+    assert all(regions[0].base <= p < regions[0].base + regions[0].nbytes for p in first)
+    # Each buffer is pinned: the copy engine reads it into the GPU.
+    seg = backend.allocate(STAGING_CHUNK, "probe")
+    for st in stagings:
+        ptr, view, event = st.next()
+        view[:4] = b"wcac"
+        st.copy(seg.va, ptr, STAGING_CHUNK, event)
+    backend.synchronize()
+    got = (ctypes.c_char * 4)()
+    check(backend.cu.cuMemcpyDtoH(ctypes.addressof(got), seg.va, 4), "cuMemcpyDtoH")
+    assert got.raw == b"wcac"
+    seg.abort()
+    backend.close()
+    assert backend._regions == []

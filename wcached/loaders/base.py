@@ -125,7 +125,7 @@ class ModelConfig(
     # memory, wmix128 computed on the GPU for GPU memory (wcached.tensor_digest).
     digest: bool = True
     # Threads reading the checkpoint; "auto" = one per core, at most 16
-    # (at most 8 filling a GPU: MemoryBackend.auto_readers).
+    # (at most 12 filling a GPU: MemoryBackend.auto_readers).
     read_threads: int | Literal["auto"] = "auto"
     # A fill that makes no progress for this long fails (exit 75, retried by
     # the unit), naming why.

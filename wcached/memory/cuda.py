@@ -17,6 +17,7 @@ views it is gone.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -35,15 +36,18 @@ if TYPE_CHECKING:
 log = logging.getLogger("wcached.cuda")
 
 # Staging: each filling thread owns STAGING_BUFFERS pinned buffers of
-# STAGING_CHUNK bytes, so host memory in use is threads x 3 x 4 MiB, never a
+# STAGING_CHUNK bytes, so host memory in use is threads x 2 x 4 MiB, never a
 # second copy of the model. Small on purpose: a chunk a thread has just read
 # is still in the CPU's last-level cache when the copy engine reads it. On the
 # H200 host, 16 threads page cache -> GPU moved 36 GB/s with 4 MiB chunks
 # against 19.5 GB/s with 16 MiB ones and 28 GB/s with 2 MiB (deeper rings of
 # 6 buffers were slower too), with PCIe itself at 55 GB/s
 # (bench/fill_paths_cuda.py, bench/results/cuda-fill-paths-v2-20261202).
+# What counts is the whole ring, readers x buffers x chunk: 96 MiB (12 x 2,
+# or 8 x 3) filled fastest; 144 MiB (12 x 3) and 128 MiB (16 x 2) fell back
+# (bench/results/fill-trees-0-20261207-readers).
 STAGING_CHUNK = 4 << 20
-STAGING_BUFFERS = 3
+STAGING_BUFFERS = 2
 
 _init_lock = threading.Lock()
 _initialized = False
@@ -167,19 +171,60 @@ def _vmm_support(cu: Any, dev: Any, uuid: str) -> None:
         )
 
 
+class _PinnedRegion:
+    """Page-locked host memory for staging buffers: anonymous memory asked
+    for as transparent huge pages, registered with CUDA in one call. A fresh
+    worker spent ~46 ms pinning its readers' 24 buffers one
+    ``cuMemHostAlloc`` at a time (bench/results/pin-overlap-20261207); huge
+    pages are pinned 512 base pages at a time (bench/pin_cost.py)."""
+
+    HUGE = 2 << 20
+
+    def __init__(self, cu: Any, nbytes: int):
+        import mmap
+
+        self.cu = cu
+        self.nbytes = nbytes
+        # Private: a shared anonymous mapping is shmem, which THP leaves alone.
+        self._map = mmap.mmap(-1, nbytes + self.HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        self._anchor = ctypes.c_char.from_buffer(self._map)
+        start = ctypes.addressof(self._anchor)
+        skip = (-start) % self.HUGE
+        self.base = start + skip
+        with contextlib.suppress(OSError, AttributeError):  # no THP: base pages, still correct
+            self._map.madvise(mmap.MADV_HUGEPAGE, skip, nbytes)
+        for off in range(0, nbytes, self.HUGE):  # one fault per huge page
+            self._map[skip + off] = 0
+        try:
+            check(cu.cuMemHostRegister(self.base, nbytes, 0), "cuMemHostRegister")
+        except BaseException:
+            self._release_map()
+            raise
+
+    def buffer(self, index: int, nbytes: int) -> tuple[int, memoryview]:
+        ptr = self.base + index * nbytes
+        return ptr, memoryview((ctypes.c_char * nbytes).from_address(ptr)).cast("B")
+
+    def close(self) -> None:
+        self.cu.cuMemHostUnregister(self.base)
+        self._release_map()
+
+    def _release_map(self) -> None:
+        del self._anchor  # the buffer export that keeps the map from closing
+        self._map.close()
+
+
 class _Staging:
     """One filling thread's pinned buffers, stream and events."""
 
-    def __init__(self, cu: Any, ctx: Any):
+    def __init__(self, cu: Any, ctx: Any, buffers: list[tuple[int, memoryview]]):
         self.cu = cu
         check(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
         self.stream = check(cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
         self.buffers = []
-        for _ in range(STAGING_BUFFERS):
-            ptr = check(cu.cuMemHostAlloc(STAGING_CHUNK, 0), "cuMemHostAlloc")
-            view = memoryview((ctypes.c_char * STAGING_CHUNK).from_address(int(ptr))).cast("B")
+        for ptr, view in buffers:
             event = check(cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING), "cuEventCreate")
-            self.buffers.append((int(ptr), view, event))
+            self.buffers.append((ptr, view, event))
         self.turn = 0
         self.used = [False] * STAGING_BUFFERS
 
@@ -198,12 +243,13 @@ class _Staging:
         check(self.cu.cuEventRecord(event, self.stream), "cuEventRecord")
 
     def close(self) -> None:
+        """Wait for its copies and free its stream and events (the buffers
+        belong to the backend's pinned regions)."""
         cu = self.cu
         check(cu.cuStreamSynchronize(self.stream), "cuStreamSynchronize")
-        for ptr, view, event in self.buffers:
+        for _, view, event in self.buffers:
             view.release()
             cu.cuEventDestroy(event)
-            cu.cuMemFreeHost(ptr)
         cu.cuStreamDestroy(self.stream)
         self.buffers = []
 
@@ -349,11 +395,13 @@ class CudaBackend(MemoryBackend):
     # Readers feeding one GPU. The copy alone moved 35-41 GB/s with 8 to 12
     # readers and as little as 15 GB/s with 16 on the 16-core H200 host (its
     # cores also serve the copy engine and the worker's other threads:
-    # bench/results/cuda-fill-paths-v3-20261202). The whole fill with
-    # digests: 8 readers 24.5 GB/s (cuda-attach-20261202), 12 readers 11.5
-    # GB/s on another host of the kind (cuda-attach-12readers-20261202),
-    # though 12 beat 8 in one in-process profile (cuda-profile-20261202).
-    auto_readers = 8
+    # bench/results/cuda-fill-paths-v3-20261202). Whole warm fills of the
+    # 16 GB 8B Llama on an H100, side by side (fill-trees-0-20261207-readers):
+    # 12 readers of 2 buffers 37.8 GB/s, 8 of 3 (before) 30.1, 10 of 2 32.7,
+    # 16 of 2 31.8, 12 of 3 28.6 (as cuda-attach-12readers-20261202's 11.5
+    # GB/s had shown: that ring was 144 MiB); the 5,000-tensor fill the same
+    # (17.0 against 17.1 GB/s).
+    auto_readers = 12
 
     def __init__(self, device: str):
         self.cu = cu = driver()
@@ -375,10 +423,18 @@ class CudaBackend(MemoryBackend):
         self._local = threading.local()
         self._stagings: list[_Staging] = []
         self._lock = threading.Lock()
+        # Pinned staging memory: regions and, of the last, the next free buffer.
+        self._regions: list[_PinnedRegion] = []
+        self._region_free = 0
+        self._staging_threads = 1  # until a fill announces its readers
 
     def prepare_fill(self) -> None:
         """Create the CUDA context (worker side) before any fill is timed."""
         self._context()
+
+    def prepare_staging(self, threads: int) -> None:
+        """The first reader pins buffers for all ``threads`` in one region."""
+        self._staging_threads = max(1, threads)
 
     def after_fill_digest(self) -> str | None:
         """wmix128 by one kernel over the filled segments (milliseconds for
@@ -405,11 +461,29 @@ class CudaBackend(MemoryBackend):
     def staging(self) -> _Staging:
         st = getattr(self._local, "staging", None)
         if st is None:
-            st = _Staging(self.cu, self._context())
+            ctx = self._context()
+            with self._lock:
+                buffers = self._take_buffers()
+            st = _Staging(self.cu, ctx, buffers)
             self._local.staging = st
             with self._lock:
                 self._stagings.append(st)
         return st
+
+    def _take_buffers(self) -> list[tuple[int, memoryview]]:
+        """A thread's STAGING_BUFFERS pinned buffers, from the last region
+        while it has them, else from a new one sized for the threads the fill
+        announced (one thread's worth past them, or unannounced)."""
+        if (
+            not self._regions
+            or self._region_free + STAGING_BUFFERS > self._regions[-1].nbytes // STAGING_CHUNK
+        ):
+            threads = 1 if self._regions else self._staging_threads
+            self._regions.append(_PinnedRegion(self.cu, threads * STAGING_BUFFERS * STAGING_CHUNK))
+            self._region_free = 0
+        region = self._regions[-1]
+        first, self._region_free = self._region_free, self._region_free + STAGING_BUFFERS
+        return [region.buffer(i, STAGING_CHUNK) for i in range(first, first + STAGING_BUFFERS)]
 
     def synchronize(self) -> None:
         self._context()
@@ -432,8 +506,11 @@ class CudaBackend(MemoryBackend):
             self._context()
         with self._lock:
             stagings, self._stagings = self._stagings, []
+            regions, self._regions = self._regions, []
         for st in stagings:
             st.close()
+        for region in regions:
+            region.close()
 
     # -- client side ------------------------------------------------------
 
