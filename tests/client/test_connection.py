@@ -394,3 +394,77 @@ def test_an_attach_request_goes_with_the_hello_in_one_write(tmp_path: Path) -> N
     assert isinstance(seen["hello"], Hello) and seen["queued"] is True
     assert seen["request"] == Attach(model="m", expect={"dtype": "float16"})
     assert seen["after"] == b""  # the client hung up: nothing held after a failed attach
+
+
+def test_meanwhile_runs_once_across_retries_before_the_welcome_is_read(tmp_path: Path) -> None:
+    """The work an attach does while it waits (starting the lease watcher)
+    runs once, after its hello went out and before the welcome was read, not
+    again when the client greets a second time (here after a busy reply)."""
+    import socket
+    import threading
+
+    from wcached.errors import Busy, KeyMismatch
+    from wcached.protocol.messages import ErrorReply, Mismatch, Request
+    from wcached.protocol.wire import Channel
+
+    path = str(tmp_path / "d.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(2)
+    events: list[str] = []
+
+    def serve() -> None:
+        with server:
+            conn, _ = server.accept()
+            with conn:  # the first greeting: busy
+                Channel(conn, Request).recv(65536, idle_timeout=5, frame_timeout=5)
+                Channel(conn, Request).send(ErrorReply(code=Busy.code, message="too many clients"))
+            conn, _ = server.accept()
+            with conn:
+                chan = Channel(conn, Request)
+                chan.recv(65536, idle_timeout=5, frame_timeout=5)
+                chan.recv(65536, idle_timeout=5, frame_timeout=5)
+                events.append("welcome sent")
+                chan.send(_welcome())
+                chan.send(Mismatch(model="m", fields=["dtype"], message="dtype differs"))
+                conn.settimeout(5)
+                conn.recv(1)
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    with pytest.raises(KeyMismatch):
+        DaemonConnection.attaching(path, "m", timeout=5, meanwhile=lambda: events.append("meanwhile"))
+    t.join(10)
+    assert events == ["meanwhile", "welcome sent"]
+
+
+def test_a_daemon_that_closes_with_the_pipelined_attach_unread_is_said_to_have_closed(
+    tmp_path: Path,
+) -> None:
+    """A daemon stopping between its welcome and the attach queued behind the
+    hello closes with that request unread: the kernel then says "reset", and
+    the client reports the daemon closing the connection (a protocol error a
+    caller handles), not a bare ConnectionResetError."""
+    import socket
+    import threading
+
+    from wcached.errors import ProtocolError
+    from wcached.protocol.messages import Request
+    from wcached.protocol.wire import Channel
+
+    path = str(tmp_path / "d.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(1)
+
+    def serve() -> None:
+        with server:
+            conn, _ = server.accept()
+            with conn:
+                chan = Channel(conn, Request)
+                chan.recv(65536, idle_timeout=5, frame_timeout=5)  # the hello; the attach stays unread
+                chan.send(_welcome())
+
+    threading.Thread(target=serve, daemon=True).start()
+    with pytest.raises(ProtocolError, match=r"closed the connection$"):
+        DaemonConnection.attaching(path, "m", timeout=5)

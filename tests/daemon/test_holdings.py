@@ -641,9 +641,12 @@ def test_the_attached_reply_is_encoded_once_per_version_as_each_version_reads_it
     held = h.get("default")
     v3 = held.attached_reply(3)
     assert held.attached_reply(3) is v3
+    assert held.attached_reply(1) is held.attached_reply(2)  # the same entries
     for version, as_runs in ((1, False), (2, False), (3, True)):
         reply = msgspec.msgpack.decode(bytes(held.attached_reply(version)), type=Attached)
         assert reply.fd_count == len(held.fds) == len(held.manifest.segments)
         assert bool(reply.manifest.runs) == as_runs and bool(reply.manifest.tensors) != as_runs
         assert list(received(reply.manifest).tensors) == list(held.manifest.tensors)
+    h.release("default")
+    assert held._replies == {}  # a released model keeps no encoded manifest
     h.close()

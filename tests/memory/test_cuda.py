@@ -54,11 +54,13 @@ def test_socket_named_by_gpu_uuid(gpu_config: Path) -> None:
 
     from wcached.client import attach
     from wcached.device import instance_id_for, resolve_instance
+    from wcached.memory.cuda import device_ordinal
 
     dev = resolve_instance("0")
     # The vLLM plugin names its GPU by torch's UUID; the client takes it as
     # the socket's name without NVML, so it must be spelled as NVML does.
-    by_torch = "GPU-" + str(torch.cuda.get_device_properties(dev.index).uuid)
+    # (torch numbers GPUs as CUDA does, which need not be NVML's order.)
+    by_torch = "GPU-" + str(torch.cuda.get_device_properties(device_ordinal(dev.instance_id)).uuid)
     assert instance_id_for(by_torch) == by_torch == dev.instance_id
     with run_daemon(gpu_config, "0") as d:
         sock = os.path.join(d.socket_dir, f"{dev.instance_id}.sock")

@@ -7,17 +7,14 @@ owned by the tensors, so tensors kept after :meth:`Attachment.close` stay valid.
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import threading
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 # Both backends' modules now, not inside an engine's first attach (~1.5 ms
 # on a 2-core host); neither imports torch or a CUDA library at import.
 import wcached.memory.cuda
 import wcached.memory.host  # noqa: F401
-from wcached.client.connection import DaemonConnection, find_socket_dir, socket_path
+from wcached.client.connection import DaemonConnection, find_socket_dir, gc_paused, socket_path
 from wcached.client.lease import LeaseWatch
 from wcached.errors import ProtocolError
 from wcached.memory import get_backend
@@ -96,17 +93,16 @@ def attach(
     restored daemon (:mod:`wcached.client.lease`).
     """
     path = socket_path(instance, find_socket_dir(socket_dir, config))
-    with _gc_paused():
-        conn, manifest, fds = DaemonConnection.attaching(
-            path,
-            model,
-            expect,
-            timeout=timeout,
-            client=client,
-            # The process's lease watcher thread (made on its first attach)
-            # starts while the daemon answers, not after.
-            meanwhile=LeaseWatch.prepare if keep_lease else None,
-        )
+    conn, manifest, fds = DaemonConnection.attaching(
+        path,
+        model,
+        expect,
+        timeout=timeout,
+        client=client,
+        # The process's lease watcher thread (made on its first attach)
+        # starts while the daemon answers, not after.
+        meanwhile=LeaseWatch.prepare if keep_lease else None,
+    )
     try:
         try:
             backends = {s.backend for s in manifest.segments}
@@ -117,7 +113,7 @@ def attach(
         finally:
             # Mappings (host) or imported handles (cuda) now hold the memory.
             close_fds(fds)
-        with _gc_paused():
+        with gc_paused():
             tensors = build_views(manifest, mapped.tensors)
         attachment = Attachment(conn, manifest, tensors, mapped)
         if keep_lease:
@@ -126,19 +122,6 @@ def attach(
     except BaseException:
         conn.close()
         raise
-
-
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Bulk construction of acyclic objects (manifest entries, tensor views)
-    would otherwise trigger collections of the caller's whole heap."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def build_views(manifest: Manifest, segments: list[torch.Tensor]) -> dict[str, torch.Tensor]:

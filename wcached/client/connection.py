@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
 import socket
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import msgspec
 
@@ -42,6 +44,20 @@ from wcached.protocol.wire import MAX_REPLY_BYTES, Channel, PeerClosed, close_fd
 
 # At import (an engine imports its loader plugin long before it attaches).
 prepare_decoding(Reply)
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Bulk construction of acyclic objects (a manifest's entries, tensor
+    views) would otherwise trigger collections of the caller's whole heap
+    on an engine's attach path."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def find_socket_dir(socket_dir: str | None, config: str | None) -> str:
@@ -114,10 +130,13 @@ class DaemonConnection:
     ):
         """``first``: a request sent with the hello, in one write (the daemon
         reads it once it has answered the hello); its reply is the next one
-        :meth:`receive` reads. ``meanwhile``: called once the hello is sent,
-        while the daemon answers. Use :meth:`attaching` rather than these."""
+        :meth:`receive` reads. ``meanwhile``: called while the daemon answers,
+        once its hello is sent (once in all: not again on a retry, and not
+        where the daemon closed before taking the hello). Use
+        :meth:`attaching` rather than these."""
         self.path = path
         self.timeout = timeout
+        self._meanwhile_pending = True
         # A daemon at max_clients answers busy; slots free up as others
         # leave (silent connections are dropped after its timeout), so this
         # tries again until the deadline.
@@ -169,8 +188,10 @@ class DaemonConnection:
                 # A daemon that refuses a peer replies and closes at once,
                 # maybe before our hello; its reason is still queued for us.
                 pass
-            if meanwhile is not None:
-                meanwhile()
+            else:
+                if meanwhile is not None and self._meanwhile_pending:
+                    self._meanwhile_pending = False  # once, whatever tries follow
+                    meanwhile()
             welcome = self.receive()
             if not isinstance(welcome, Welcome):
                 raise ProtocolError(f"expected welcome, got {type(welcome).__name__}")
@@ -187,7 +208,9 @@ class DaemonConnection:
     def receive(self) -> object:
         try:
             reply = self.chan.recv(MAX_REPLY_BYTES, idle_timeout=self.timeout, frame_timeout=self.timeout)
-        except PeerClosed:
+        except (PeerClosed, ConnectionResetError):
+            # (Reset: it closed with a request of ours unread, as a daemon
+            # stopping between its welcome and a pipelined attach does.)
             raise ProtocolError(f"daemon at {self.path} closed the connection") from None
         if isinstance(reply, ErrorReply):
             raise error_for_code(reply.code, reply.message)
@@ -225,7 +248,8 @@ class DaemonConnection:
         first = Attach(model=model, expect=dict(expect or {}))
         conn = cls(path, timeout=timeout, client=client, first=first, meanwhile=meanwhile)
         try:
-            manifest, fds = conn._attached(conn.receive())
+            with gc_paused():
+                manifest, fds = conn._attached(conn.receive())
         except BaseException:
             conn.close()
             raise

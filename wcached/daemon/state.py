@@ -39,8 +39,9 @@ class HeldModel:
         self._lock = threading.Lock()
         self.released_at: float | None = None
         self._as_runs: Manifest | None = None
-        # The attached reply as each protocol version is sent it, encoded.
-        self._replies: dict[int, msgspec.Raw] = {}
+        # The attached reply, encoded: as entries (versions 1 and 2) and as
+        # runs (3 on), by whether it carries runs.
+        self._replies: dict[bool, msgspec.Raw] = {}
 
     @property
     def name(self) -> str:
@@ -59,11 +60,12 @@ class HeldModel:
         """The ``attached`` reply a client of protocol ``version`` is sent,
         encoded once: a 5,000-tensor manifest took 0.1-0.3 ms to encode, on
         every attach, while the client waited."""
-        reply = self._replies.get(version)
+        as_runs = version >= RUNS_VERSION
+        reply = self._replies.get(as_runs)
         if reply is None:
             message = Attached(manifest=self.manifest_for(version), fd_count=self._fd_count)
             # (Two threads may encode it at once: the same bytes either way.)
-            reply = self._replies[version] = msgspec.Raw(msgspec.msgpack.encode(message))
+            reply = self._replies[as_runs] = msgspec.Raw(msgspec.msgpack.encode(message))
         return reply
 
     def dup_fds(self) -> list[int]:
@@ -89,4 +91,5 @@ class HeldModel:
             if self.released_at is None:
                 close_fds(self._fds)
                 self._fds = []
+                self._replies.clear()  # (a large model's are tens of MiB)
                 self.released_at = time.time()

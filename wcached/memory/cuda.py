@@ -193,6 +193,11 @@ class _PinnedRegion:
         self.base = start + skip
         with contextlib.suppress(OSError, AttributeError):  # no THP: base pages, still correct
             self._map.madvise(mmap.MADV_HUGEPAGE, skip, nbytes)
+        with contextlib.suppress(OSError, AttributeError):
+            # A child forked later gets none of it (as of cuMemHostAlloc's):
+            # pages it shared copy-on-write could leave the copy engine
+            # reading a page the parent no longer maps.
+            self._map.madvise(mmap.MADV_DONTFORK, skip, nbytes)
         for off in range(0, nbytes, self.HUGE):  # one fault per huge page
             self._map[skip + off] = 0
         try:
@@ -433,8 +438,16 @@ class CudaBackend(MemoryBackend):
         self._context()
 
     def prepare_staging(self, threads: int) -> None:
-        """The first reader pins buffers for all ``threads`` in one region."""
-        self._staging_threads = max(1, threads)
+        """Before a fill's readers start. The last fill's staging is let go
+        (its reader threads have ended, and its copies landed: a fill
+        synchronizes before it exports), its region kept if it holds
+        ``threads`` readers' buffers; else the first reader pins one region
+        for all of them. So each fill of a worker's models stages through one
+        region, not one per reader (a worker fills its models one by one,
+        each with new reader threads)."""
+        threads = max(1, threads)
+        self._let_go_of_staging(keep_bytes=threads * STAGING_BUFFERS * STAGING_CHUNK)
+        self._staging_threads = threads
 
     def after_fill_digest(self) -> str | None:
         """wmix128 by one kernel over the filled segments (milliseconds for
@@ -502,15 +515,31 @@ class CudaBackend(MemoryBackend):
 
     def close(self) -> None:
         """Free the staging buffers (the worker calls this once filled)."""
+        self._let_go_of_staging()
+
+    def _let_go_of_staging(self, keep_bytes: int = 0) -> None:
+        """Close every thread's staging (each thread takes new buffers on its
+        next copy) and unpin the regions, but for the last one of at least
+        ``keep_bytes``, which is handed out again from its start."""
         if self._ctx is not None:
             self._context()
         with self._lock:
             stagings, self._stagings = self._stagings, []
-            regions, self._regions = self._regions, []
-        for st in stagings:
-            st.close()
-        for region in regions:
-            region.close()
+            keep = self._regions[-1] if self._regions and keep_bytes else None
+            if keep is not None and keep.nbytes < keep_bytes:
+                keep = None
+            regions = [r for r in self._regions if r is not keep]
+            self._regions = [keep] if keep is not None else []
+            self._region_free = 0
+            self._local = threading.local()
+        try:
+            for st in stagings:
+                st.close()
+        finally:
+            # Unpinned even if a stream could not be waited for (a context
+            # that fails there is gone, and its copies with it).
+            for region in regions:
+                region.close()
 
     # -- client side ------------------------------------------------------
 
