@@ -1294,7 +1294,7 @@ MUTATIONS: tuple[Mutation, ...] = (
             "tests/client/test_untrusted_daemon.py::"
             "test_fewer_fds_than_segments_are_refused_and_the_ones_received_closed",
         ),
-        function="DaemonConnection.attach",
+        function="DaemonConnection._attached",
     ),
     Mutation(
         "a client (an engine, verify on a host without torch) takes fewer fds than segments",
@@ -1307,7 +1307,7 @@ MUTATIONS: tuple[Mutation, ...] = (
             "tests/cli/test_verify.py::"
             "test_host_bytes_refuses_fds_that_do_not_match_and_waits_for_them_only_its_timeout",
         ),
-        function="DaemonConnection.attach",
+        function="DaemonConnection._attached",
     ),
     Mutation(
         "verify raises on a checkpoint whose content it cannot read",
