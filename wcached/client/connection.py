@@ -128,8 +128,9 @@ class DaemonConnection:
         first: Attach | None = None,
         meanwhile: Callable[[], object] | None = None,
     ):
-        """``first``: a request sent with the hello, in one write (the daemon
-        reads it once it has answered the hello); its reply is the next one
+        """``first``: a request sent right behind the hello, before its
+        welcome (the daemon reads it once it has answered the hello); its
+        reply is the next one
         :meth:`receive` reads. ``meanwhile``: called while the daemon answers,
         once its hello is sent (once in all: not again on a retry, and not
         where the daemon closed before taking the hello). Use
@@ -183,7 +184,9 @@ class DaemonConnection:
             name = client or f"{os.path.basename(sys.argv[0] or 'python')}[{os.getpid()}]"
             try:
                 hello = Hello(version=version, min_version=MIN_PROTOCOL_VERSION, client=name)
-                self.chan.send(hello, timeout=timeout, then=first)
+                self.chan.send(hello, timeout=timeout)
+                if first is not None:
+                    self.chan.send(first, timeout=timeout)
             except (BrokenPipeError, ConnectionResetError):
                 # A daemon that refuses a peer replies and closes at once,
                 # maybe before our hello; its reason is still queued for us.
@@ -239,8 +242,8 @@ class DaemonConnection:
         client: str | None = None,
         meanwhile: Callable[[], object] | None = None,
     ) -> tuple[DaemonConnection, Manifest, list[int]]:
-        """Connect and attach in one round trip: the attach request goes in
-        the hello's write, so an engine does not wait for the welcome before
+        """Connect and attach in one round trip: the attach request goes
+        right behind the hello, so an engine does not wait for the welcome before
         asking (a round trip through the daemon's threads, 0.3-0.5 ms);
         ``meanwhile`` is done while the daemon answers. The connection (the
         lease), the manifest and the fds as :meth:`attach` gives them; the

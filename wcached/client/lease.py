@@ -137,10 +137,9 @@ class LeaseWatch:
             # Short: one daemon slow to come back must not hold up the
             # process's other leases, which this same thread follows.
             timeout = min(self.attachment.connection.timeout, REATTACH_TIMEOUT_S)
+            conn = DaemonConnection(path, timeout=timeout, client=self.client)
             try:
-                conn, manifest, fds = DaemonConnection.attaching(
-                    path, name, self.expect, timeout=timeout, client=self.client
-                )
+                manifest, fds = conn.attach(name, self.expect)
                 close_fds(fds)  # the memory mapped at the first attach is what the lease keeps
                 same = manifest == self.attachment.manifest
             except KeyMismatch:
@@ -156,8 +155,7 @@ class LeaseWatch:
             )
             return True
         if not same:
-            if conn is not None:  # (attaching() closed it on a mismatch)
-                conn.close()
+            conn.close()
             log.warning(
                 "wcached: the daemon at %s now holds another fill of %s; this process keeps its "
                 "weights without a lease (attach again to use the new fill)",

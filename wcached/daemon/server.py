@@ -39,6 +39,7 @@ from wcached.protocol.messages import (
     MIN_PROTOCOL_VERSION,
     PROTOCOL_VERSION,
     Attach,
+    Attached,
     ClientStatus,
     ErrorReply,
     Hello,
@@ -371,7 +372,7 @@ class Server:
                 session.models.add(req.model)
             try:
                 chan.send(
-                    held.attached_reply(session.version),
+                    Attached(manifest=held.manifest_for(session.version), fd_count=len(fds)),
                     timeout=timeout,
                     fds=fds,
                 )

@@ -6,10 +6,8 @@ import os
 import threading
 import time
 
-import msgspec
-
 from wcached.errors import ModelReleased
-from wcached.protocol.messages import Attached, Manifest
+from wcached.protocol.messages import Manifest
 from wcached.protocol.runs import RUNS_VERSION, for_version
 from wcached.protocol.wire import close_fds
 
@@ -35,13 +33,9 @@ class HeldModel:
         # systemd's fd store without reading the checkpoint.
         self.origin = origin
         self._fds = list(fds)
-        self._fd_count = len(self._fds)  # what each attached reply announces
         self._lock = threading.Lock()
         self.released_at: float | None = None
         self._as_runs: Manifest | None = None
-        # The attached reply, encoded: as entries (versions 1 and 2) and as
-        # runs (3 on), by whether it carries runs.
-        self._replies: dict[bool, msgspec.Raw] = {}
 
     @property
     def name(self) -> str:
@@ -55,18 +49,6 @@ class HeldModel:
         if self._as_runs is None:
             self._as_runs = for_version(self.manifest, version)
         return self._as_runs
-
-    def attached_reply(self, version: int) -> msgspec.Raw:
-        """The ``attached`` reply a client of protocol ``version`` is sent,
-        encoded once: a 5,000-tensor manifest took 0.1-0.3 ms to encode, on
-        every attach, while the client waited."""
-        as_runs = version >= RUNS_VERSION
-        reply = self._replies.get(as_runs)
-        if reply is None:
-            message = Attached(manifest=self.manifest_for(version), fd_count=self._fd_count)
-            # (Two threads may encode it at once: the same bytes either way.)
-            reply = self._replies[as_runs] = msgspec.Raw(msgspec.msgpack.encode(message))
-        return reply
 
     def dup_fds(self) -> list[int]:
         """Duplicates to send, so a concurrent release never closes an fd that
@@ -91,5 +73,4 @@ class HeldModel:
             if self.released_at is None:
                 close_fds(self._fds)
                 self._fds = []
-                self._replies.clear()  # (a large model's are tens of MiB)
                 self.released_at = time.time()

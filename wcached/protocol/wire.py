@@ -73,20 +73,11 @@ class Channel:
 
     # -- sending ----------------------------------------------------------
 
-    def send(self, msg: Any, timeout: float | None = None, fds: Sequence[int] = (), then: Any = None) -> None:
-        """Send ``msg`` (and ``fds`` after it); ``then``, a second message
-        without fds, goes in the same write (a request pipelined behind the
-        hello)."""
+    def send(self, msg: Any, timeout: float | None = None, fds: Sequence[int] = ()) -> None:
         body = self._encoder.encode(msg)
-        frames = HEADER.pack(len(body)) + body
-        if then is not None:
-            if fds:
-                raise ValueError("a message with fds cannot have another behind it")
-            more = self._encoder.encode(then)
-            frames += HEADER.pack(len(more)) + more
         self.sock.settimeout(timeout)
         try:
-            self.sock.sendall(frames)
+            self.sock.sendall(HEADER.pack(len(body)) + body)
             for start in range(0, len(fds), FD_BATCH):
                 batch = list(fds[start : start + FD_BATCH])
                 socket.send_fds(self.sock, [_FD_MARKER], batch)
