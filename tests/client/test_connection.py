@@ -465,3 +465,12 @@ def test_a_daemon_that_closes_with_the_pipelined_attach_unread_is_said_to_have_c
     threading.Thread(target=serve, daemon=True).start()
     with pytest.raises(ProtocolError, match=r"closed the connection$"):
         DaemonConnection.attaching(path, "m", timeout=5)
+
+
+def test_an_attach_answered_with_another_kind_of_reply_is_a_protocol_error_naming_it(tmp_path: Path) -> None:
+    from wcached.errors import ProtocolError
+    from wcached.protocol.messages import Released
+
+    _answering(str(tmp_path / "a.sock"), [_welcome(), Released(model="m", attached_clients=0)])
+    with pytest.raises(ProtocolError, match=r"^expected attached, got Released$"):
+        DaemonConnection.attaching(str(tmp_path / "a.sock"), "m", timeout=5)
