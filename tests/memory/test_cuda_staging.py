@@ -156,7 +156,10 @@ def test_the_region_is_huge_pages_kept_from_forked_children(fake: FakeDriver) ->
         assert fake.registered == {region.base: region.nbytes}
         flags = _vm_flags(region.base)
         assert "dc" in flags, flags  # VM_DONTCOPY: MADV_DONTFORK
-        thp = open("/sys/kernel/mm/transparent_hugepage/enabled").read()
+        try:
+            thp = open("/sys/kernel/mm/transparent_hugepage/enabled").read()
+        except OSError:  # a kernel without THP: base pages, still correct
+            thp = "[never]"
         if "[never]" not in thp:
             assert "hg" in flags, flags  # VM_HUGEPAGE: MADV_HUGEPAGE
     finally:
