@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import REPO, run_daemon, wait_ready
-from tests.integrations.vllm_engine import free_port, run_engine, vllm_daemon_config
+from tests.integrations.vllm_engine import free_port, run_engine, vllm_daemon_config, weights_differ
 from wcached.cli.demo import generate_llama
 
 VLLM_PYTHONS = {
@@ -54,7 +54,7 @@ def model_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def disk(vllm_python: str, model_dir: Path) -> dict:
-    out = engine(vllm_python, model_dir)
+    out = engine(vllm_python, model_dir, _weights=True)
     assert out["rc"] == 0, out["log"][-4000:]
     return out
 
@@ -65,10 +65,15 @@ def test_wcache_engine_generates_what_the_disk_engine_does(
     cfg = vllm_daemon_config(vllm_python, work, model_dir)
     with run_daemon(cfg, timeout=300) as d:
         extra = {"socket_dir": d.socket_dir, "fallback": False}
-        out = engine(vllm_python, model_dir, load_format="wcache", model_loader_extra_config=extra)
+        out = engine(
+            vllm_python, model_dir, load_format="wcache", model_loader_extra_config=extra, _weights=True
+        )
         assert out["rc"] == 0, out["log"][-4000:]
         # On CPU every release binds the loaded form and post-processes it once.
         assert "(loaded form)" in out["log"]
+        # Each parameter and buffer the engine computes with holds the disk
+        # engine's bytes; then what it generates.
+        assert weights_differ(out["weights"], disk["weights"]) == []
         assert out["tokens"] == disk["tokens"]
         status = subprocess.run(
             [os.sys.executable, "-m", "wcached", "status", "--config", str(cfg), "--json"],
@@ -89,7 +94,7 @@ def test_wcache_engine_generates_what_the_disk_engine_does(
 
 
 def test_tensor_parallel_2_on_cpu0_and_cpu1(vllm_python: str, work: Path, model_dir: Path) -> None:
-    disk2 = engine(vllm_python, model_dir, tensor_parallel_size=2)
+    disk2 = engine(vllm_python, model_dir, tensor_parallel_size=2, _weights=True)
     assert disk2["rc"] == 0, disk2["log"][-4000:]
     cfg = vllm_daemon_config(
         vllm_python, work, model_dir, tensor_parallel_size=2, rendezvous=f"tcp://127.0.0.1:{free_port()}"
@@ -102,10 +107,16 @@ def test_tensor_parallel_2_on_cpu0_and_cpu1(vllm_python: str, work: Path, model_
         for d in daemons:
             wait_ready(d, 300)
         extra = {"socket_dir": daemons[0].socket_dir, "fallback": False}
-        tp2 = {"tensor_parallel_size": 2, "load_format": "wcache", "model_loader_extra_config": extra}
+        tp2 = {
+            "tensor_parallel_size": 2,
+            "load_format": "wcache",
+            "model_loader_extra_config": extra,
+            "_weights": True,
+        }
         out = engine(vllm_python, model_dir, **tp2)
         assert out["rc"] == 0, out["log"][-4000:]
         assert out["log"].count("wcached: bound") == 2
+        assert weights_differ(out["weights"], disk2["weights"]) == []
         assert out["tokens"] == disk2["tokens"]
     finally:
         for d in daemons:
@@ -234,6 +245,7 @@ def test_reload_weights_errors_in_zero_copy_and_works_in_copy_mode(
             load_format="wcache",
             model_loader_extra_config={"socket_dir": d.socket_dir, "fallback": False},
             _rpc="reload_weights",
+            _weights=True,
         )
         copy = engine(
             vllm_python,
@@ -241,14 +253,19 @@ def test_reload_weights_errors_in_zero_copy_and_works_in_copy_mode(
             load_format="wcache",
             model_loader_extra_config={"socket_dir": d.socket_dir, "fallback": False, "copy": True},
             _rpc="reload_weights",
+            _weights=True,
         )
     assert zero["rc"] == 0, zero["log"][-4000:]
     # vLLM passes the worker's message on (the class name is in the log).
     assert "read-only mappings" in zero["rpc"] and '"copy": true' in zero["rpc"], zero["rpc"]
     assert "ReadOnlyWeights" in zero["log"]
+    assert weights_differ(zero["weights_after_rpc"], disk["weights"]) == []
     assert zero["tokens_after_rpc"] == disk["tokens"]
     assert copy["rc"] == 0, copy["log"][-4000:]
     assert copy["rpc"] == "ok" and ", copied)" in copy["log"]
+    # reload_weights rewrote the engine's own copy from disk: the same bytes.
+    for state in ("weights", "weights_after_rpc"):
+        assert weights_differ(copy[state], disk["weights"]) == [], state
     assert copy["tokens"] == disk["tokens"] and copy["tokens_after_rpc"] == disk["tokens"]
 
 

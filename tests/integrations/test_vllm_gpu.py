@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import REPO, run_daemon, start_daemon, wait_ready
-from tests.integrations.vllm_engine import free_port, run_engine, vllm_daemon_config
+from tests.integrations.vllm_engine import free_port, run_engine, vllm_daemon_config, weights_differ
 from wcached.cli.demo import LLAMA_TINY, generate_llama
 
 pytestmark = [pytest.mark.gpu, pytest.mark.vllm, pytest.mark.slow]
@@ -75,8 +75,10 @@ def record(test: str, **figures) -> None:
 
 
 def engine(model: Path, **overrides) -> dict:
-    """One engine in a fresh process, in this interpreter."""
+    """One engine in a fresh process, in this interpreter, with a digest of
+    its weights."""
     overrides.setdefault("gpu_memory_utilization", UTILIZATION)
+    overrides.setdefault("_weights", True)
     return run_engine(sys.executable, str(model), overrides, {"VLLM_USE_FLASHINFER_SAMPLER": "0"}, 900)
 
 
@@ -184,9 +186,14 @@ def test_wcache_engine_on_gpu_matches_disk(work: Path, model_dir: Path, quantiza
             assert worker["rc"] == 0, worker["log"][-4000:]
             assert "weights are mapped from wcached: of the" in worker["log"], worker["log"][-4000:]
             assert "set gpu_memory_utilization" not in worker["log"]
+            assert weights_differ(worker["weights"], disk["weights"]) == []
             assert worker["tokens"] == disk["tokens"]
         _no_cuda_in(d.proc.pid)
         checked, verified = _verify_every_tensor(cfg, d.socket_dir)
+    # The bytes the engine computes with are the disk engine's, each
+    # parameter and buffer (fp8: quantized by the fill as the disk engine
+    # quantizes at its load); then what it generates.
+    assert weights_differ(out["weights"], disk["weights"]) == []
     assert out["tokens"] == disk["tokens"]
     record(
         f"gpu_matches_disk[{quantization or 'bf16'}]",
@@ -249,6 +256,7 @@ def test_tensor_parallel_2_daemons_on_gpu0_and_gpu1(work: Path, model_dir: Path)
         for d in daemons:
             d.stop()
             d.notify.close()
+    assert weights_differ(out["weights"], disk["weights"]) == []
     assert out["tokens"] == disk["tokens"]
     record("tp2_gpu0_gpu1", kv_gib_disk=disk["kv_gib"], kv_gib_wcache=out["kv_gib"])
 
@@ -279,9 +287,14 @@ def test_copy_mode_and_read_only_weights_on_gpu(work: Path, model_dir: Path) -> 
         )
     assert zero["rc"] == 0, zero["log"][-4000:]
     assert "read-only mappings" in zero["rpc"] and '"copy": true' in zero["rpc"], zero["rpc"]
+    for state in ("weights", "weights_after_rpc"):
+        assert weights_differ(zero[state], disk["weights"]) == [], state
     assert zero["tokens"] == disk["tokens"] == zero["tokens_after_rpc"]
     assert copy["rc"] == 0, copy["log"][-4000:]
     assert copy["rpc"] == "ok" and ", copied)" in copy["log"], copy.get("rpc")
+    # reload_weights rewrote the engine's own copy from disk: the same bytes.
+    for state in ("weights", "weights_after_rpc"):
+        assert weights_differ(copy[state], disk["weights"]) == [], state
     assert copy["tokens"] == disk["tokens"] == copy["tokens_after_rpc"]
     record("copy_mode_gpu", rpc_zero_copy=zero["rpc"][:120], rpc_copy=copy["rpc"])
 
@@ -306,6 +319,7 @@ def test_draft_model_attached_on_gpu(work: Path, model_dir: Path) -> None:
         )
     assert out["rc"] == 0, out["log"][-4000:]
     assert re.search(r"wcached: bound \d+ tensors of draft ", out["log"]), out["log"][-3000:]
+    assert weights_differ(out["weights"], disk["weights"]) == []
     assert out["tokens"] == disk["tokens"]
     record("draft_gpu", tokens_equal=True)
 

@@ -4,6 +4,15 @@ Used by the tests and benchmarks with the vLLM interpreter:
     python vllm_engine.py MODEL_DIR '{"load_format": "wcache", ...}'
 Prompts are token ids (the test checkpoint has no tokenizer); decoding is greedy.
 :func:`run_engine` runs it from the host side and reads what it printed.
+
+Each prompt is generated on its own. Sent together, how many of them the
+engine's first step holds depends on when its core process reads them, and a
+batch of another size can take another matrix kernel: on a random-weight model
+whose logits lie close, that flips a greedy token between runs of one engine.
+
+``"_weights": true`` also returns a digest of every parameter and buffer of the
+engine's model (read in the engine's worker), so a test compares the bytes the
+engine computes with, not only tokens that depend on them.
 """
 
 from __future__ import annotations
@@ -20,6 +29,39 @@ from pathlib import Path
 PROMPTS = [[1, 5, 9, 42], [1, 100, 200], [1, 7, 7, 7, 300, 12], [1, 1999, 3, 64]]
 
 
+def weights_digest(model) -> dict[str, str]:
+    """Runs in the engine's worker: a blake2b of each parameter's and buffer's
+    bytes, by name."""
+    import hashlib
+
+    import torch
+
+    named = list(model.named_parameters()) + list(model.named_buffers())
+    out = {}
+    for name, t in named:
+        raw = t.detach().contiguous().reshape(-1).view(torch.uint8).cpu().numpy()
+        out[name] = hashlib.blake2b(raw, digest_size=16).hexdigest()
+    return out
+
+
+def _generate(llm, params) -> list[list[int]]:
+    from vllm.inputs import TokensPrompt
+
+    return [
+        list(llm.generate([TokensPrompt(prompt_token_ids=p)], params, use_tqdm=False)[0].outputs[0].token_ids)
+        for p in PROMPTS
+    ]
+
+
+def _weights(llm) -> list[dict[str, str]]:
+    # The function goes to the engine's processes by reference, as this file
+    # under its own name (its folder is first on their path): as __main__'s,
+    # pickling it again there fails.
+    import vllm_engine
+
+    return llm.apply_model(vllm_engine.weights_digest)  # one digest per worker (rank)
+
+
 def main() -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
@@ -27,6 +69,10 @@ def main() -> None:
     model, overrides = sys.argv[1], json.loads(sys.argv[2])
     # A worker method to call after the first generation ("reload_weights").
     rpc = overrides.pop("_rpc", None)
+    weights = overrides.pop("_weights", False)
+    if weights:
+        # apply_model sends the digest function to the worker by pickle.
+        os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     kwargs = dict(
         model=model,
         skip_tokenizer_init=True,
@@ -43,12 +89,9 @@ def main() -> None:
     llm.generate([TokensPrompt(prompt_token_ids=PROMPTS[0])], first, use_tqdm=False)
     first_token_s = time.perf_counter() - t0
     params = SamplingParams(temperature=0, max_tokens=12, detokenize=False)
-    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in PROMPTS], params, use_tqdm=False)
-    result = {
-        "tokens": [list(o.outputs[0].token_ids) for o in outs],
-        "init_s": init_s,
-        "first_token_s": first_token_s,
-    }
+    result = {"tokens": _generate(llm, params), "init_s": init_s, "first_token_s": first_token_s}
+    if weights:
+        result["weights"] = _weights(llm)
     if rpc:
         try:
             llm.collective_rpc(rpc)
@@ -56,8 +99,9 @@ def main() -> None:
         except Exception as e:
             result["rpc"] = f"{type(e).__name__}: {e}"
         # The engine goes on serving either way.
-        outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in PROMPTS], params, use_tqdm=False)
-        result["tokens_after_rpc"] = [list(o.outputs[0].token_ids) for o in outs]
+        result["tokens_after_rpc"] = _generate(llm, params)
+        if weights:
+            result["weights_after_rpc"] = _weights(llm)
     print("RESULT " + json.dumps(result))
 
 
@@ -88,6 +132,19 @@ def run_engine(python: str, model: str, overrides: dict, env: dict[str, str], ti
         kv_tokens=number(r"GPU KV cache size: ([0-9,]+) tokens"),
     )
     return out
+
+
+def weights_differ(a: list[dict[str, str]], b: list[dict[str, str]]) -> list[str]:
+    """What differs between two engines' ``weights`` (per rank): the names
+    whose bytes differ or that one engine lacks; empty when they are the same."""
+    if len(a) != len(b):
+        return [f"{len(a)} ranks against {len(b)}"]
+    return [
+        f"rank {rank}: {name}"
+        for rank, (x, y) in enumerate(zip(a, b, strict=True))
+        for name in sorted(x.keys() | y.keys())
+        if x.get(name) != y.get(name)
+    ]
 
 
 def vllm_daemon_config(
