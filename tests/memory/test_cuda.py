@@ -267,7 +267,19 @@ def test_staging_buffers_come_from_one_pinned_region_per_announced_fill() -> Non
     assert len(set(ptrs)) == 3 * STAGING_BUFFERS
     first = ptrs[: 2 * STAGING_BUFFERS]  # the two announced threads
     assert all(regions[0].base <= p < regions[0].base + regions[0].nbytes for p in first)
-    # Each buffer is pinned: the copy engine reads it into the GPU.
+    # Each buffer is registered with the driver (pinned). The driver knows no
+    # memory type for pageable memory, which a copy would read just as well.
+    cu = backend.cu
+
+    def memory_type(ptr: int) -> int | None:
+        err, kind = cu.cuPointerGetAttribute(cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_MEMORY_TYPE, ptr)
+        return int(kind) if err == cu.CUresult.CUDA_SUCCESS else None
+
+    pageable = ctypes.create_string_buffer(1 << 16)
+    assert memory_type(ctypes.addressof(pageable)) is None
+    host = int(cu.CUmemorytype.CU_MEMORYTYPE_HOST)
+    assert [memory_type(p) for p in ptrs] == [host] * len(ptrs)
+    # And the copy engine reads each into the GPU.
     seg = backend.allocate(STAGING_CHUNK, "probe")
     for st in stagings:
         ptr, view, event = st.next()
