@@ -105,10 +105,12 @@ def test_the_isolated_resolver_keeps_not_ready_apart_from_absent(monkeypatch) ->
     assert type(e.value) is DeviceError and e.value.exit_status == 78
 
 
-def test_a_uuid_spelled_as_nvml_does_is_its_own_id_without_nvml(monkeypatch) -> None:
-    """A client names a GPU by its UUID (the vLLM plugin does): that is the
-    daemon's socket name already, so no NVML start-up is on the attach path.
-    Any other spelling of a GPU still goes through NVML."""
+def test_a_uuid_of_a_gpu_the_driver_lists_is_its_own_id_without_nvml(monkeypatch, tmp_path) -> None:
+    """A client names a GPU by its UUID (the vLLM plugin does): where the
+    driver lists that GPU, that is the daemon's socket name already, so no
+    NVML start-up is on the attach path. A UUID of no GPU here, a MIG slice
+    and any other spelling go through NVML, which says what is wrong (here:
+    the stand-in NVML that cannot start)."""
     import sys
     import types
 
@@ -121,12 +123,27 @@ def test_a_uuid_spelled_as_nvml_does_is_its_own_id_without_nvml(monkeypatch) -> 
         raise NVMLError("NVML was asked")
 
     monkeypatch.setitem(sys.modules, "pynvml", types.SimpleNamespace(NVMLError=NVMLError, nvmlInit=never))
-    device.instance_id_for.cache_clear()
     gpu = "GPU-8d3c0a1b-2c3d-4e5f-8a9b-0c1d2e3f4a5b"
+    absent = "GPU-00000000-2c3d-4e5f-8a9b-0c1d2e3f4a5b"
     mig = "MIG-1f2e3d4c-5b6a-4978-8a9b-0c1d2e3f4a5b"
-    assert device.instance_id_for(gpu) == gpu
-    assert device.instance_id_for(mig) == mig
-    for other in (gpu.upper(), "GPU-8d3c0a1b", gpu + "0", "0"):
-        with pytest.raises(DeviceError, match="NVML could not start"):
-            device.instance_id_for(other)
+    # The driver's procfs as it reads on a host with one GPU.
+    listed = tmp_path / "gpus" / "0000:18:00.0"
+    listed.mkdir(parents=True)
+    (listed / "information").write_text(
+        f"Model: \t\t NVIDIA H100 80GB HBM3\nIRQ:   \t\t 0\nGPU UUID: \t {gpu}\nBus Type: \t PCIe\n"
+    )
+    (tmp_path / "gpus" / "0000:19:00.0").mkdir()  # no information file: skipped
+    monkeypatch.setattr(device, "DRIVER_GPUS", str(tmp_path / "gpus"))
     device.instance_id_for.cache_clear()
+    try:
+        assert device.instance_id_for(gpu) == gpu
+        for other in (absent, mig, gpu + "\n", gpu.upper(), "GPU-8d3c0a1b", gpu + "0", "0"):
+            with pytest.raises(DeviceError, match="NVML could not start"):
+                device.instance_id_for(other)
+        # Without the driver's procfs (a container), NVML answers for all.
+        monkeypatch.setattr(device, "DRIVER_GPUS", str(tmp_path / "nowhere"))
+        device.instance_id_for.cache_clear()
+        with pytest.raises(DeviceError, match="NVML could not start"):
+            device.instance_id_for(gpu)
+    finally:
+        device.instance_id_for.cache_clear()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import re
 import subprocess
 import sys
@@ -20,9 +21,12 @@ from wcached.errors import DeviceError, DeviceNotReady
 _CPU_RE = re.compile(r"^cpu(\d+)$")
 _INDEX_RE = re.compile(r"^\d+$")
 _UUID_RE = re.compile(r"^(GPU|MIG)-[0-9a-fA-F-]{8,}$")
-# A UUID exactly as NVML spells one (lower-case hex, 8-4-4-4-12): the form a
-# daemon names its socket after.
-_NVML_UUID_RE = re.compile(r"^(GPU|MIG)-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+# A GPU's UUID exactly as NVML spells one (lower-case hex, 8-4-4-4-12): the
+# form a daemon names its socket after.
+_NVML_UUID_RE = re.compile(r"GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+# Where the NVIDIA driver lists the GPUs it drives, one folder each, whose
+# "information" file names the GPU's UUID.
+DRIVER_GPUS = "/proc/driver/nvidia/gpus"
 
 
 @dataclass(frozen=True)
@@ -129,13 +133,34 @@ def instance_id_for(name: str) -> str:
     """Canonical id (socket file stem) of an instance name; cached, because
     clients call it on every attach and a GPU name costs an NVML start-up.
 
-    A UUID spelled as NVML spells it is its own id, with no NVML start-up
-    (0.4 ms, on an engine's attach path: the vLLM plugin names its GPU so);
-    whether that GPU is here is then the socket's question (no daemon socket
-    of that name). Any other GPU name is resolved through NVML."""
-    if _NVML_UUID_RE.match(name):
+    A GPU's UUID spelled as NVML spells it, of a GPU the driver here lists,
+    is its own id, with no NVML start-up (0.4 ms, on an engine's attach path:
+    the vLLM plugin names its GPU so). Any other GPU name, and a UUID of no
+    GPU here, is resolved through NVML, which says so (a device error, not a
+    daemon to wait for)."""
+    if _NVML_UUID_RE.fullmatch(name) and _driver_lists(name):
         return name
     return resolve_instance(name).instance_id
+
+
+def _driver_lists(uuid: str) -> bool:
+    """Whether the NVIDIA driver here lists the GPU ``uuid`` in its procfs
+    (tens of microseconds); False where it does not, or where that cannot be
+    read (a container without /proc/driver/nvidia): NVML answers then."""
+    try:
+        entries = list(os.scandir(DRIVER_GPUS))
+    except OSError:
+        return False
+    for entry in entries:
+        try:
+            with open(os.path.join(entry.path, "information")) as f:
+                for line in f:
+                    key, _, value = line.partition(":")
+                    if key.strip() == "GPU UUID" and value.strip() == uuid:
+                        return True
+        except OSError:
+            continue
+    return False
 
 
 def main(argv: list[str] | None = None) -> int:
