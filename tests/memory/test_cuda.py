@@ -241,6 +241,7 @@ def test_runs_of_small_and_chunk_sized_tensors_fill_bit_exact(work: Path) -> Non
 
 def test_staging_buffers_come_from_one_pinned_region_per_announced_fill() -> None:
     import ctypes
+    import itertools
     import threading
 
     from wcached.device import resolve_instance
@@ -265,6 +266,9 @@ def test_staging_buffers_come_from_one_pinned_region_per_announced_fill() -> Non
     ]
     ptrs = [ptr for st in stagings for ptr, _, _ in st.buffers]
     assert len(set(ptrs)) == 3 * STAGING_BUFFERS
+    # None overlapping: each reader fills its own at once.
+    ordered = sorted(ptrs)
+    assert all(q - p >= STAGING_CHUNK for p, q in itertools.pairwise(ordered))
     first = ptrs[: 2 * STAGING_BUFFERS]  # the two announced threads
     assert all(regions[0].base <= p < regions[0].base + regions[0].nbytes for p in first)
     # Each buffer is registered with the driver (pinned). The driver knows no

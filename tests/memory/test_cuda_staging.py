@@ -5,6 +5,7 @@ tests/memory/test_cuda.py::test_staging_buffers_come_from_one_pinned_region_per_
 
 from __future__ import annotations
 
+import itertools
 import threading
 import types
 
@@ -106,11 +107,19 @@ def _fill(backend: CudaBackend, readers: int) -> list[int]:
     return [p for ptrs in got for p in ptrs]
 
 
+def _whole_and_apart(ptrs: list[int], registered: dict[int, int]) -> bool:
+    """Each buffer a whole STAGING_CHUNK inside a registered region, and no
+    two overlapping (readers fill theirs at once)."""
+    ordered = sorted(ptrs)
+    inside = all(any(b <= p and p + STAGING_CHUNK <= b + n for b, n in registered.items()) for p in ordered)
+    return inside and all(q - p >= STAGING_CHUNK for p, q in itertools.pairwise(ordered))
+
+
 def test_each_fill_of_a_worker_stages_through_one_region_reused_while_it_fits(fake: FakeDriver) -> None:
     backend = _backend(fake)
     first = _fill(backend, 3)
     assert fake.registrations == 1 and list(fake.registered.values()) == [3 * STAGING_BUFFERS * STAGING_CHUNK]
-    assert len(set(first)) == 3 * STAGING_BUFFERS
+    assert len(first) == 3 * STAGING_BUFFERS and _whole_and_apart(first, fake.registered)
     # The next model of the worker: new reader threads, the same region
     # (pinned once per worker, not per fill), each of its buffers handed
     # out once again; the last fill's streams and events are gone.
@@ -120,7 +129,7 @@ def test_each_fill_of_a_worker_stages_through_one_region_reused_while_it_fits(fa
     # A fill of more readers than the region holds: a region of its size.
     third = _fill(backend, 5)
     assert fake.registrations == 2 and list(fake.registered.values()) == [5 * STAGING_BUFFERS * STAGING_CHUNK]
-    assert len(set(third)) == 5 * STAGING_BUFFERS
+    assert len(third) == 5 * STAGING_BUFFERS and _whole_and_apart(third, fake.registered)
     backend.close()
     assert fake.registered == {} and fake.events == 0 and backend._stagings == []
 
