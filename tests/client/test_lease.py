@@ -918,8 +918,10 @@ def test_a_daemon_back_with_another_key_than_the_engine_required_is_not_taken_up
 
 
 def test_the_watcher_thread_is_started_by_an_attach_that_keeps_a_lease_only(work: Path, ckpt: Path) -> None:
-    """The watcher starts while the daemon answers an attach with a lease
-    (off the attach's timed path); an attach without one starts no thread."""
+    """An attach with a lease has its watcher thread running when it returns;
+    one without a lease starts no thread. (That the thread starts while the
+    daemon answers, off the attach's timed path, is speed: bench/attach_phases
+    shows it, this test does not.)"""
     import subprocess
     import sys
 
