@@ -6,6 +6,7 @@ tests/memory/test_cuda.py::test_staging_buffers_come_from_one_pinned_region_per_
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import types
 
@@ -152,7 +153,19 @@ def test_regions_are_unpinned_even_when_a_stream_cannot_be_waited_for(fake: Fake
     fake.fail_sync = True
     with pytest.raises(DeviceError, match="cuStreamSynchronize"):
         backend.close()
+    # Every reader's staging freed all the same (none left viewing a region
+    # that is gone), and every region unpinned.
+    assert fake.events == 0 and backend._stagings == []
     assert fake.registered == {}
+
+
+def test_a_region_the_driver_cannot_unpin_is_said_and_unmapped(fake: FakeDriver, caplog) -> None:
+    region = cuda._PinnedRegion(fake, cuda._PinnedRegion.HUGE)
+    fake.cuMemHostUnregister = lambda ptr: (FAILED,)
+    with caplog.at_level(logging.WARNING, "wcached.cuda"):
+        region.close()
+    assert "cuMemHostUnregister of the staging region failed: CUDA_ERROR_STAND_IN" in caplog.text
+    assert region._map.closed
 
 
 def test_the_region_is_huge_pages_kept_from_forked_children(fake: FakeDriver) -> None:

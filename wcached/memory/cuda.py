@@ -211,7 +211,9 @@ class _PinnedRegion:
         return ptr, memoryview((ctypes.c_char * nbytes).from_address(ptr)).cast("B")
 
     def close(self) -> None:
-        self.cu.cuMemHostUnregister(self.base)
+        (err,) = self.cu.cuMemHostUnregister(self.base)
+        if err != self.cu.CUresult.CUDA_SUCCESS:  # said, and the memory unmapped all the same
+            log.warning("cuMemHostUnregister of the staging region failed: %s", _error_name(self.cu, err))
         self._release_map()
 
     def _release_map(self) -> None:
@@ -249,14 +251,17 @@ class _Staging:
 
     def close(self) -> None:
         """Wait for its copies and free its stream and events (the buffers
-        belong to the backend's pinned regions)."""
+        belong to the backend's pinned regions): freed even when the wait
+        fails, which is then raised."""
         cu = self.cu
-        check(cu.cuStreamSynchronize(self.stream), "cuStreamSynchronize")
-        for _, view, event in self.buffers:
-            view.release()
-            cu.cuEventDestroy(event)
-        cu.cuStreamDestroy(self.stream)
-        self.buffers = []
+        try:
+            check(cu.cuStreamSynchronize(self.stream), "cuStreamSynchronize")
+        finally:
+            for _, view, event in self.buffers:
+                view.release()
+                cu.cuEventDestroy(event)
+            cu.cuStreamDestroy(self.stream)
+            self.buffers = []
 
 
 def map_new_allocation(backend: CudaBackend, nbytes: int, label: str) -> tuple[Any, int]:
@@ -532,14 +537,18 @@ class CudaBackend(MemoryBackend):
             self._regions = [keep] if keep is not None else []
             self._region_free = 0
             self._local = threading.local()
-        try:
-            for st in stagings:
+        failed: BaseException | None = None
+        for st in stagings:  # each one closed, whichever fails
+            try:
                 st.close()
-        finally:
-            # Unpinned even if a stream could not be waited for (a context
-            # that fails there is gone, and its copies with it).
-            for region in regions:
-                region.close()
+            except BaseException as e:
+                failed = failed or e
+        # Unpinned even if a stream could not be waited for (a context that
+        # fails there is gone, and its copies with it).
+        for region in regions:
+            region.close()
+        if failed is not None:
+            raise failed
 
     # -- client side ------------------------------------------------------
 
