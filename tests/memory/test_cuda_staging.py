@@ -147,6 +147,22 @@ def test_a_reader_past_those_announced_gets_a_region_of_its_own(fake: FakeDriver
     assert fake.registered == {}
 
 
+def test_the_announced_region_is_kept_past_a_reader_that_pinned_its_own(fake: FakeDriver) -> None:
+    backend = _backend(fake)
+    backend.prepare_staging(2)
+    for _ in range(3):  # one reader past the two announced
+        t = threading.Thread(target=backend.staging)
+        t.start()
+        t.join()
+    assert fake.registrations == 2
+    # The next fill announces two again: the first region holds them.
+    again = _fill(backend, 2)
+    assert fake.registrations == 2 and list(fake.registered.values()) == [2 * STAGING_BUFFERS * STAGING_CHUNK]
+    assert _whole_and_apart(again, fake.registered)
+    backend.close()
+    assert fake.registered == {}
+
+
 def test_regions_are_unpinned_even_when_a_stream_cannot_be_waited_for(fake: FakeDriver) -> None:
     backend = _backend(fake)
     _fill(backend, 2)

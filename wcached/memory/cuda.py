@@ -524,15 +524,15 @@ class CudaBackend(MemoryBackend):
 
     def _let_go_of_staging(self, keep_bytes: int = 0) -> None:
         """Close every thread's staging (each thread takes new buffers on its
-        next copy) and unpin the regions, but for the last one of at least
-        ``keep_bytes``, which is handed out again from its start."""
+        next copy) and unpin the regions, but for the smallest one of at least
+        ``keep_bytes``, which is handed out again from its start (a region a
+        reader past those announced pinned for itself is not the one kept)."""
         if self._ctx is not None:
             self._context()
         with self._lock:
             stagings, self._stagings = self._stagings, []
-            keep = self._regions[-1] if self._regions and keep_bytes else None
-            if keep is not None and keep.nbytes < keep_bytes:
-                keep = None
+            fits = [r for r in self._regions if keep_bytes and r.nbytes >= keep_bytes]
+            keep = min(fits, key=lambda r: r.nbytes) if fits else None
             regions = [r for r in self._regions if r is not keep]
             self._regions = [keep] if keep is not None else []
             self._region_free = 0
