@@ -115,8 +115,12 @@ from wcached.client import attach
 # IPC client likewise imports rebuild_cuda_tensor before timing).
 from wcached.memory.cuda import driver
 driver()
+# The GPU named by its UUID, as the vLLM plugin names it (an index would be
+# resolved through NVML, 0.4 ms that no engine spends; until 2026-12-07
+# this bench named GPU 0 by index).
+gpu = "GPU-" + str(torch.cuda.get_device_properties(0).uuid)
 t0 = time.perf_counter()
-a = attach("default", "0", socket_dir=sys.argv[1])
+a = attach("default", gpu, socket_dir=sys.argv[1])
 # The last view, found without reading manifest.tensors (which a protocol-3
 # client makes from the runs only when asked: 5,000 entries, ~3 ms, that
 # binding the views does not need).
