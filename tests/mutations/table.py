@@ -503,6 +503,14 @@ MUTATIONS: tuple[Mutation, ...] = (
         function="_resolve_gpu_isolated",
     ),
     Mutation(
+        "a UUID of no GPU here is taken as a socket name",
+        "wcached/device.py",
+        "    if _NVML_UUID_RE.fullmatch(name) and _driver_lists(name):",
+        "    if _NVML_UUID_RE.fullmatch(name):",
+        ("tests/test_device.py::test_a_uuid_of_a_gpu_the_driver_lists_is_its_own_id_without_nvml",),
+        function="instance_id_for",
+    ),
+    Mutation(
         "a loader environment that cannot be told now is a change",
         "wcached/daemon/provenance.py",
         "        raise EnvironmentAway(str(e)) from None",
