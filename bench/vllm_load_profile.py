@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import io
 import json
 import os
@@ -101,15 +102,29 @@ def child(model: str, socket_dir: str, out: str, profile: bool, cpu: bool) -> No
         load_format="wcache",
         model_loader_extra_config={"socket_dir": socket_dir, "fallback": False},
     )
+    if not cpu:
+        # What 0.26/0.27 engines need for their KV cache (and where the
+        # heap is frozen before vLLM's profiler collects it).
+        kwargs["worker_cls"] = "wcached.integrations.vllm_worker.Worker"
     t0 = time.perf_counter()
     llm = LLM(**kwargs)
     init_s = time.perf_counter() - t0
+    # The cyclic garbage the engine's frozen heap kept: unfrozen, what a
+    # full collection finds unreachable (the engine itself is still held).
+    frozen = gc.get_freeze_count()
+    gc.unfreeze()
+    t1 = time.perf_counter()
+    garbage = gc.collect()
+    full_collect_s = time.perf_counter() - t1
     del llm
     import wcached
 
     result: dict = {
         "runner_load_model_s": walls[0] if walls else None,
         "init_s": init_s,
+        "frozen_objects": frozen,
+        "garbage_frozen": garbage,
+        "full_collect_s": full_collect_s,
         "wcached": str(Path(wcached.__file__).resolve()),
     }
     if profile:
@@ -230,6 +245,14 @@ def main() -> None:
         )
         + "; under cProfile "
         f"{prof['runner_load_model_s'] * 1e3:.0f} ms.\n\n"
+        "Per timed engine: `LLM()` in all (s), objects frozen after it, cyclic garbage among them "
+        "(found by a full collection once unfrozen):\n\n"
+        "| tree | LLM() s | frozen objects | garbage frozen |\n|---|---|---|---|\n"
+        + "".join(
+            f"| {r['tree']} | {r['init_s']:.2f} | {r['frozen_objects']} | {r['garbage_frozen']} |\n"
+            for r in runs[:-1]
+        )
+        + "\n"
         "Cumulative time under cProfile (inflated by the profiler for Python-heavy parts):\n\n"
         "| function | ms |\n|---|---|\n" + rows + "\n\n```\n" + prof["top_cumulative"] + "\n```\n"
         "\n```\n" + prof["top_tottime"] + "\n```\n"

@@ -8,6 +8,7 @@ it does. Prints ``OK <vllm version>`` when every case held."""
 
 from __future__ import annotations
 
+import gc
 import inspect
 import math
 import re
@@ -113,9 +114,33 @@ def check_budget() -> None:
         raise AssertionError("a budget of no bytes was accepted")
 
 
+def check_heap_frozen_before_the_runner_loads() -> None:
+    """vLLM's worker loads through its runner, whose memory profiler (and
+    the clock of "Model loading took") starts inside the call: a heap frozen
+    in the worker's load_model is frozen before the profiler collects it.
+    Frozen only for wcached's loader."""
+    source = inspect.getsource(gpu_worker.Worker.load_model)
+    assert re.search(r"self\.model_runner\.load_model\(", source), source
+    for load_format, frozen in (("wcache", True), ("auto", False)):
+        seen = []
+        worker = vw.Worker.__new__(vw.Worker)
+        worker.load_config = types.SimpleNamespace(load_format=load_format)
+        saved = gpu_worker.Worker.load_model
+        gpu_worker.Worker.load_model = lambda self, seen=seen: seen.append(gc.get_freeze_count())
+        gc.unfreeze()
+        try:
+            worker.load_model()
+        finally:
+            gpu_worker.Worker.load_model = saved
+            gc.unfreeze()
+        assert len(seen) == 1, f"vLLM's load_model ran {len(seen)} times"
+        assert (seen[0] > 0) is frozen, (load_format, seen)
+
+
 def main() -> None:
     check_vllm_asks_the_module_global()
     check_budget()
+    check_heap_frozen_before_the_runner_loads()
     print("OK", vllm.__version__)
 
 
