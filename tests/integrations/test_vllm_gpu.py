@@ -212,6 +212,9 @@ def test_wcache_engine_on_gpu_matches_disk(work: Path, model_dir: Path, quantiza
         utilization_wcache=util,
         load_s_disk=disk["vllm_load_s"],
         load_s_wcache=out["vllm_load_s"],
+        # The worker class freezes the start-up heap before vLLM's profiler
+        # collects it (the plain wcache engine above does not).
+        load_s_worker_cls=worker.get("vllm_load_s"),
         form=re.search(r"\((\w+) form\)", out["log"]).group(1),
         verify_tensors_checked_in_memory=checked,
         verify_output=verified,
